@@ -1,0 +1,124 @@
+"""Real English text available offline on every machine: the Python standard library's docstrings.
+
+Benchmarks, exactness tests and the demo need thousands of real texts with a realistic length mix
+and nothing can be downloaded, so we harvest prose paragraphs from the stdlib's own documentation
+(parsed with ``ast``, never imported) and cut them to target token lengths.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import sys
+import re
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+_WS = re.compile(r"\s+")
+_PROSE = re.compile(r"[A-Za-z][a-z]+")
+
+
+def _is_prose(paragraph: str) -> bool:
+    """Keep sentences, drop code samples, tables and signatures."""
+    if len(paragraph) < 40 or ">>>" in paragraph or paragraph.count("|") > 2:
+        return False
+    words = paragraph.split()
+    return len(_PROSE.findall(paragraph)) >= 0.6 * len(words) and paragraph.rstrip()[-1:] in ".:)"
+
+
+@lru_cache(maxsize=1)
+def stdlib_paragraphs() -> tuple[str, ...]:
+    """Deduplicated prose paragraphs from the stdlib's docstrings, in a stable order (cached on disk)."""
+    cache = Path.home() / ".cache" / "embedstream" / f"stdlib-paragraphs-{sys.version_info[0]}.{sys.version_info[1]}.json"
+    if cache.is_file():
+        return tuple(json.loads(cache.read_text()))
+    out = _harvest(Path(sysconfig.get_paths()["stdlib"]))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(out))
+    os.replace(tmp, cache)
+    return tuple(out)
+
+
+def _harvest(root: Path) -> list[str]:
+    seen: set[str] = set()
+    out: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        if any(part in ("test", "tests", "idlelib", "site-packages", "lib2to3") for part in path.parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="ignore"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if not doc:
+                    continue
+                for para in doc.split("\n\n"):
+                    text = _WS.sub(" ", para).strip()
+                    if _is_prose(text) and text not in seen:
+                        seen.add(text)
+                        out.append(text)
+    return out
+
+
+def documents(count: int, seed: int = 7, min_paragraphs: int = 2, max_paragraphs: int = 12) -> list[dict]:
+    """Synthetic multi-paragraph documents (for the producer/chunker demo) made of real prose."""
+    paras = stdlib_paragraphs()
+    rng = random.Random(seed)
+    docs = []
+    for i in range(count):
+        k = rng.randint(min_paragraphs, max_paragraphs)
+        start = rng.randrange(0, max(1, len(paras) - k))
+        docs.append({"doc_id": f"doc-{i:06d}", "text": "\n\n".join(paras[start : start + k]), "metadata": {"source": "python-stdlib-docstrings", "n": i}})
+    return docs
+
+
+def mixed_length_texts(
+    count: int, count_tokens, max_tokens: int, seed: int = 13, query_share: float = 0.3, tail_share: float = 0.1
+) -> list[str]:
+    """A traffic-like mix: short queries (8-32 tokens), chunks (64-256), a tail up to ``max_tokens``.
+
+    ``count_tokens(text) -> int`` is the model's token counter (special tokens included), so
+    target lengths are exact for the model being measured.
+    """
+    paras = stdlib_paragraphs()
+    rng = random.Random(seed)
+    texts: list[str] = []
+    chunk_hi = min(256, max_tokens)
+    while len(texts) < count:
+        r = rng.random()
+        if r < query_share:
+            target = rng.randint(8, 32)
+        elif r < 1 - tail_share or max_tokens <= chunk_hi:
+            target = rng.randint(min(64, chunk_hi), chunk_hi)
+        else:
+            target = rng.randint(chunk_hi, max_tokens)
+        start = rng.randrange(len(paras))
+        words: list[str] = []
+        j = start
+        while len(words) < target * 2 and j < start + 40:
+            words.extend(paras[j % len(paras)].split())
+            j += 1
+        text = _fit(words, target, count_tokens)
+        if text and count_tokens(text) >= 8:
+            texts.append(text)
+    return texts
+
+
+def _fit(words: list[str], target: int, count_tokens) -> str:
+    """Longest word prefix whose token count is <= target (binary search on words)."""
+    lo, hi = 1, len(words)
+    best = ""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        text = " ".join(words[:mid])
+        if count_tokens(text) <= target:
+            best, lo = text, mid + 1
+        else:
+            hi = mid - 1
+    return best

@@ -1,0 +1,50 @@
+"""Shared fixtures: models built once per session, engines loaded once, the local Kafka broker."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tiny_models  # noqa: E402
+
+from embedstream.config import EngineSettings, ModelConfig  # noqa: E402
+from embedstream.engine.engine import Engine  # noqa: E402
+from embedstream.engine.model_spec import build_spec  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def minilm_engine() -> Engine:
+    return Engine.from_name("all-MiniLM-L6-v2")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(model_dir) -> Path:
+    return tiny_models.build_tiny_bert(model_dir / "tiny-bert-cls", pooling="cls")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(model_dir) -> Path:
+    return tiny_models.build_tiny_qwen3(model_dir / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_ce_dir(model_dir) -> Path:
+    return tiny_models.build_tiny_cross_encoder(model_dir / "tiny-ce")
+
+
+def make_engine(path: Path, name: str = "m", **cfg) -> Engine:
+    """An engine over a local folder with registry overrides (kind, pooling, matryoshka_dims, ...)."""
+    settings = EngineSettings(**cfg.pop("engine", {}))
+    return Engine(build_spec(name, ModelConfig(path=str(path), **cfg)), settings)
