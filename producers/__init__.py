@@ -1,0 +1,30 @@
+"""Client side of embedstream: chunk documents, publish them to Kafka, and ask for query embeddings."""
+
+from producers.chunker import Chunker
+from producers.sources import Document, DocumentSource, SourceError, iter_documents, parse_document
+
+__all__ = [
+    "Chunker",
+    "ChunkPublisher",
+    "Document",
+    "DocumentSource",
+    "PublishError",
+    "QueryClient",
+    "SourceError",
+    "ensure_topics",
+    "iter_documents",
+    "parse_document",
+]
+
+
+def __getattr__(name: str) -> object:
+    """Kafka-backed classes load lazily, so chunking and reading sources work without a Kafka client."""
+    if name in ("ChunkPublisher", "PublishError", "ensure_topics"):
+        from producers import publisher
+
+        return getattr(publisher, name)
+    if name == "QueryClient":
+        from producers.query_client import QueryClient
+
+        return QueryClient
+    raise AttributeError(f"module 'producers' has no attribute {name!r}")

@@ -1,0 +1,43 @@
+"""Wire formats of embedstream's Kafka topics: versioned pydantic models and their JSON codec."""
+
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import (
+    CHUNK_TOPIC_ADAPTER,
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    WIRE_MODELS,
+    ChunkEvent,
+    ChunkTopicEvent,
+    DeadLetter,
+    DocumentDelete,
+    Dtype,
+    ErrorInfo,
+    Lane,
+    QueryReply,
+    QueryRequest,
+    content_hash,
+    now_ms,
+)
+from schemas.export import export_json_schemas
+
+__all__ = [
+    "CHUNK_TOPIC_ADAPTER",
+    "SCHEMA_VERSION",
+    "SUPPORTED_SCHEMA_VERSIONS",
+    "WIRE_MODELS",
+    "ChunkEvent",
+    "ChunkTopicEvent",
+    "DeadLetter",
+    "DecodeError",
+    "DocumentDelete",
+    "Dtype",
+    "ErrorInfo",
+    "Lane",
+    "QueryReply",
+    "QueryRequest",
+    "content_hash",
+    "decode",
+    "encode",
+    "export_json_schemas",
+    "now_ms",
+]

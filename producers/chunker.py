@@ -1,0 +1,303 @@
+"""Token-budgeted chunking: split a document into pieces the model can embed without truncation.
+
+Sizes are measured with the model's own fast tokenizer, so a chunk never exceeds the model's
+limit once the engine adds its special tokens. Cut points prefer paragraph breaks, then sentence
+ends, then word boundaries (found through the encoding's character offsets); a run of text with
+no boundary at all (a giant URL, base64) is cut between tokens. Chunks are substrings of the
+original text (leading/trailing whitespace dropped), so offsets and highlighting stay meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tokenizers import Encoding, Tokenizer
+
+from embedstream.engine.tokenize import load_tokenizer
+
+if TYPE_CHECKING:
+    from embedstream.engine.model_spec import ModelSpec
+
+MIN_CHUNK_TOKENS = 16
+
+# Boundary strengths, compared numerically: higher is a better place to cut.
+_NONE, _WORD, _LINE, _SENTENCE, _PARAGRAPH = 0, 1, 2, 3, 4
+_SENTENCE_END = frozenset(".!?…")
+_CJK_SENTENCE_END = frozenset("。！？")
+_CLOSERS = "\"')]}»”’"
+_PARAGRAPH_GAP = re.compile(r"\n[^\S\n]*\n")
+_MAX_REPAIR_ROUNDS = 8
+
+# Tokenizer parts under which text cut at whitespace re-tokenizes to exactly the token slice it
+# came from (per-character normalisation, whitespace-splitting pre-tokenisation, per-word models).
+_LOCAL_NORMALIZERS = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents"})
+_WHITESPACE_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
+_WORD_LOCAL_PRE_TOKENIZERS = _WHITESPACE_PRE_TOKENIZERS | {"Punctuation", "Digits"}
+_WORD_MODELS = frozenset({"WordPiece", "BPE", "Unigram", "WordLevel"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """Token range [start, end) of one chunk."""
+
+    start: int
+    end: int
+
+
+class Chunker:
+    """Splits text into chunks of at most ``chunk_tokens`` tokens, overlapping by ``overlap_tokens``.
+
+    ``special_tokens`` is what the engine adds around a sequence ([CLS]/[SEP]: 2 for BERT); it defaults
+    to what the tokenizer's post-processor adds. ``reserved_tokens`` keeps room for a prompt the
+    engine prepends (see :meth:`for_model`). Thread-safe: the tokenizer is only read.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_tokens: int,
+        chunk_tokens: int = 200,
+        overlap_tokens: int = 32,
+        special_tokens: int | None = None,
+        reserved_tokens: int = 0,
+    ):
+        if special_tokens is None:
+            processor = tokenizer.post_processor
+            special_tokens = processor.num_special_tokens_to_add(False) if processor else 0
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if special_tokens < 0 or reserved_tokens < 0:
+            raise ValueError("special_tokens and reserved_tokens must not be negative")
+        if chunk_tokens < MIN_CHUNK_TOKENS:
+            raise ValueError(f"chunk_tokens must be at least {MIN_CHUNK_TOKENS}, got {chunk_tokens}")
+        self.limit = max_tokens - special_tokens - reserved_tokens
+        if self.limit < MIN_CHUNK_TOKENS:
+            raise ValueError(
+                f"the model leaves room for only {self.limit} text tokens (max_tokens {max_tokens} - "
+                f"{special_tokens} special - {reserved_tokens} reserved); at least {MIN_CHUNK_TOKENS} are needed"
+            )
+        self.chunk_tokens = min(chunk_tokens, self.limit)
+        if not 0 <= overlap_tokens < self.chunk_tokens:
+            raise ValueError(
+                f"overlap_tokens must be in 0..{self.chunk_tokens - 1} (below the chunk size of "
+                f"{self.chunk_tokens} tokens{' after clamping to the model limit' if chunk_tokens > self.limit else ''}), "
+                f"got {overlap_tokens}"
+            )
+        self.overlap_tokens = overlap_tokens
+        self.max_tokens = max_tokens
+        self.special_tokens = special_tokens
+        self.reserved_tokens = reserved_tokens
+        self.tokenizer = _without_truncation(tokenizer)
+        self._whitespace_exact = _cuts_at_whitespace_are_exact(self.tokenizer)
+
+    @classmethod
+    def for_model(cls, spec: ModelSpec, chunk_tokens: int = 200, overlap_tokens: int = 32) -> Chunker:
+        """A chunker for a resolved ModelSpec: its tokenizer, limit, and room for its document prompt."""
+        tokenizer = load_tokenizer(spec.path)
+        prompt = spec.document_prompt
+        reserved = len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+        return cls(tokenizer, spec.max_tokens, chunk_tokens, overlap_tokens, reserved_tokens=reserved)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of text without special tokens, as the engine will count them."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def chunk(self, text: str) -> list[str]:
+        """The chunks of text, in order; [] for empty or whitespace-only text. Deterministic."""
+        return [text[start:end] for start, end in self.spans(text)]
+
+    def chunk_many(self, texts: Sequence[str]) -> list[list[str]]:
+        """chunk() for many texts, tokenized as one batch (parallel in Rust, GIL released)."""
+        return [[text[a:b] for a, b in spans] for text, spans in zip(texts, self.spans_many(texts))]
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Character ranges [start, end) of the chunks in text (for offsets and highlighting)."""
+        return self.spans_many([text])[0]
+
+    def spans_many(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """spans() for many texts with one batched tokenizer call."""
+        live = [i for i, text in enumerate(texts) if text and not text.isspace()]
+        out: list[list[tuple[int, int]]] = [[] for _ in texts]
+        if live:
+            encodings = self.tokenizer.encode_batch([texts[i] for i in live], add_special_tokens=False)
+            for i, encoding in zip(live, encodings):
+                out[i] = self._fit(texts[i], *self._plan_spans(texts[i], 0, encoding, self.chunk_tokens, self.overlap_tokens))
+        return out
+
+    def _fit(self, text: str, spans: list[tuple[int, int]], checked: list[bool]) -> list[tuple[int, int]]:
+        """Re-split chunks whose real token count is over the limit (only those not known to be exact)."""
+        for _ in range(_MAX_REPAIR_ROUNDS):
+            # A substring can tokenize differently from the token slice it came from (a word cut in
+            # two, byte-level BPE's leading space), so unless the cut was provably exact the hard
+            # limit is checked on the real text.
+            todo = [i for i, ok in enumerate(checked) if not ok]
+            if not todo:
+                return spans
+            encodings = self.tokenizer.encode_batch([text[slice(*spans[i])] for i in todo], add_special_tokens=False)
+            over = {i: len(enc.ids) for i, enc in zip(todo, encodings) if len(enc.ids) > self.limit}
+            if not over:
+                return spans
+            repaired: list[tuple[int, int]] = []
+            repaired_checked: list[bool] = []
+            for i, span in enumerate(spans):
+                if i not in over:
+                    repaired.append(span)
+                    repaired_checked.append(True)
+                    continue
+                budget = max(1, self.limit - (over[i] - self.limit) - 1)
+                part = text[span[0] : span[1]]
+                encoding = self.tokenizer.encode(part, add_special_tokens=False)
+                sub, sub_checked = self._plan_spans(part, span[0], encoding, budget, min(self.overlap_tokens, budget // 2))
+                repaired.extend(sub)
+                repaired_checked.extend(sub_checked)
+            spans, checked = repaired, repaired_checked
+        raise RuntimeError(f"could not split text under {self.limit} tokens per chunk (tokenizer is unstable)")
+
+    def _plan_spans(
+        self, part: str, lo: int, encoding: Encoding, budget: int, overlap: int
+    ) -> tuple[list[tuple[int, int]], list[bool]]:
+        """Chunk spans (offset by lo) of part from its encoding, and per chunk whether its token count is exact."""
+        if self._whitespace_exact:  # tokens never contain whitespace: offsets are already tight
+            starts = [start for start, _ in encoding.offsets]
+            ends = [end for _, end in encoding.offsets]
+        else:
+            starts, ends = _core_offsets(part, encoding.offsets)
+        if not starts:
+            return [], []
+        levels = _boundary_levels(part, starts, ends)
+        spans: list[tuple[int, int]] = []
+        exact: list[bool] = []
+        for span in _plan(levels, len(starts), budget, overlap):
+            start, end = starts[span.start], ends[span.end - 1]
+            if start < end and not part[start:end].isspace():
+                spans.append((lo + start, lo + end))
+                exact.append(self._whitespace_exact and levels[span.start] > _NONE and levels[span.end] > _NONE)
+        return spans, exact
+
+
+def _without_truncation(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer itself, or a copy with truncation/padding off (they would hide tokens from the count)."""
+    if tokenizer.truncation is None and tokenizer.padding is None:
+        return tokenizer
+    clone = Tokenizer.from_str(tokenizer.to_str())
+    clone.no_truncation()
+    clone.no_padding()
+    return clone
+
+
+def _cuts_at_whitespace_are_exact(tokenizer: Tokenizer) -> bool:
+    """Whether text cut at whitespace between two tokens re-tokenizes into exactly those tokens (BERT-style)."""
+    try:
+        config = json.loads(tokenizer.to_str())
+    except (ValueError, TypeError):
+        return False
+
+    def kinds(part: dict | None, key: str) -> list[str]:
+        if part is None:
+            return []
+        return [str(p.get("type")) for p in part.get(key, [])] if part.get("type") == "Sequence" else [str(part.get("type"))]
+
+    normalizers = kinds(config.get("normalizer"), "normalizers")
+    pre_tokenizers = kinds(config.get("pre_tokenizer"), "pretokenizers")
+    return (
+        all(kind in _LOCAL_NORMALIZERS for kind in normalizers)
+        and bool(pre_tokenizers)
+        and pre_tokenizers[0] in _WHITESPACE_PRE_TOKENIZERS
+        and all(kind in _WORD_LOCAL_PRE_TOKENIZERS for kind in pre_tokenizers)
+        and (config.get("model") or {}).get("type") in _WORD_MODELS
+        and not any(any(c.isspace() for c in tok.get("content", "")) for tok in config.get("added_tokens", []))
+    )
+
+
+def _core_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Token character spans with surrounding whitespace removed (byte-level BPE puts the space inside a token)."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for start, end in offsets:
+        if start < end and (text[start].isspace() or text[end - 1].isspace()):
+            raw = text[start:end]
+            stripped = raw.strip()
+            if not stripped:  # a whitespace-only token ("\n\n" in GPT-style vocabularies): part of the gap
+                start = end
+            else:
+                start += len(raw) - len(raw.lstrip())
+                end = start + len(stripped)
+        starts.append(start)
+        ends.append(end)
+    return starts, ends
+
+
+def _boundary_levels(text: str, starts: list[int], ends: list[int]) -> list[int]:
+    """levels[i]: how good a cut is between token i-1 and token i (0 and n are the text's edges).
+
+    Only whitespace gaps count as boundaries: a gap of characters the normalizer dropped (control
+    characters) may join two pieces into one word.
+    """
+    n = len(starts)
+    levels = [_NONE] * (n + 1)
+    levels[0] = levels[n] = _PARAGRAPH
+    prev_end = ends[0]
+    for i in range(1, n):
+        start = starts[i]
+        if start > prev_end:
+            gap = text[prev_end:start]
+            if gap == " ":
+                levels[i] = _SENTENCE if _ends_sentence(text, prev_end) else _WORD
+            elif not gap.isspace():
+                pass
+            elif "\n" not in gap:
+                levels[i] = _SENTENCE if _ends_sentence(text, prev_end) else _WORD
+            elif _PARAGRAPH_GAP.search(gap):
+                levels[i] = _PARAGRAPH
+            else:
+                levels[i] = _SENTENCE if _ends_sentence(text, prev_end) else _LINE
+        elif start == prev_end and prev_end > 0 and text[prev_end - 1] in _CJK_SENTENCE_END:
+            levels[i] = _SENTENCE
+        if ends[i] > prev_end:
+            prev_end = ends[i]
+    return levels
+
+
+def _ends_sentence(text: str, end: int) -> bool:
+    """Whether the text before ``end`` closes a sentence ('.', '!', '?', possibly followed by quotes/brackets)."""
+    pos = end - 1
+    while pos >= 0 and text[pos] in _CLOSERS:
+        pos -= 1
+    return pos >= 0 and (text[pos] in _SENTENCE_END or text[pos] in _CJK_SENTENCE_END)
+
+
+def _plan(levels: list[int], n: int, budget: int, overlap: int) -> list[_Span]:
+    """Greedy token spans: each as long as the best boundary allows, the next starting ``overlap`` back."""
+    spans: list[_Span] = []
+    start = 0
+    while True:
+        if n - start <= budget:
+            spans.append(_Span(start, n))
+            return spans
+        hi = start + budget
+        lo = start + max(1, budget // 2)  # do not end a chunk in its first half for a nicer boundary
+        # Highest level wins; among equals the latest, so chunks come out as full as possible.
+        end = max(range(hi, lo - 1, -1), key=levels.__getitem__)
+        if levels[end] == _NONE:
+            end = next((e for e in range(lo - 1, start, -1) if levels[e] > _NONE), hi)
+        spans.append(_Span(start, end))
+        start = _overlap_start(levels, start, end, overlap)
+
+
+def _overlap_start(levels: list[int], start: int, end: int, overlap: int) -> int:
+    """Where the next chunk starts: at most ``overlap`` tokens before ``end``, on a word boundary.
+
+    A sentence start is preferred when it still keeps at least half the overlap.
+    """
+    first = max(end - overlap, start + 1)
+    words = [e for e in range(first, end) if levels[e] > _NONE]
+    if not words:
+        return end
+    sentence = next((e for e in words if levels[e] >= _SENTENCE), None)
+    if sentence is not None and end - sentence >= overlap // 2:
+        return sentence
+    return words[0]

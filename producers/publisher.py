@@ -1,0 +1,239 @@
+"""Publish chunk and delete events to the chunk topics, keyed by doc_id so each document stays ordered.
+
+Also home of :func:`ensure_topics`, which creates embedstream's topics with an explicit partition
+count (auto-created topics would get whatever the broker defaults to, or fail where disabled).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.codec import has_lz4
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.producer.future import FutureRecordMetadata
+
+from embedstream.config import KafkaSettings
+from producers.chunker import Chunker
+from producers.sources import Document
+from schemas.codec import encode
+from schemas.events import ChunkEvent, DocumentDelete, Lane, content_hash, now_ms
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARTITIONS = 4
+
+
+def all_topics(settings: KafkaSettings) -> list[str]:
+    """Every topic embedstream uses, in a stable order."""
+    return [
+        settings.topic_chunks_online,
+        settings.topic_chunks_bulk,
+        settings.topic_queries,
+        settings.topic_replies,
+        settings.topic_rerank,
+        settings.topic_search,
+        settings.topic_dead_letters,
+    ]
+
+
+def ensure_topics(
+    settings: KafkaSettings,
+    partitions: int = DEFAULT_PARTITIONS,
+    replication_factor: int = 1,
+    topics: Iterable[str] | None = None,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create the missing topics (default: all of ``settings``); returns the ones created. Idempotent.
+
+    Existing topics are left as they are (their partition count is not changed).
+    """
+    if partitions < 1 or replication_factor < 1:
+        raise ValueError("partitions and replication_factor must be at least 1")
+    wanted = list(dict.fromkeys(topics if topics is not None else all_topics(settings)))
+    admin = KafkaAdminClient(**settings.client_kwargs(), client_id="embedstream-admin")
+    try:
+        existing = set(admin.list_topics())
+        missing = [t for t in wanted if t not in existing]
+        created = []
+        for topic in missing:  # one by one, so a concurrent creator only costs that topic's error
+            try:
+                admin.create_topics(
+                    {topic: {"num_partitions": partitions, "replication_factor": replication_factor}},
+                    timeout_ms=int(timeout_s * 1000),
+                    wait_for_metadata=True,
+                )
+                created.append(topic)
+            except TopicAlreadyExistsError:
+                pass
+        if created:
+            log.info("created topics %s with %d partitions", created, partitions)
+        return created
+    finally:
+        admin.close()
+
+
+def lane_topic(settings: KafkaSettings, lane: Lane) -> str:
+    """The chunk topic of a lane: 'online' for interactive writes, 'bulk' for backfills."""
+    if lane == "online":
+        return settings.topic_chunks_online
+    if lane == "bulk":
+        return settings.topic_chunks_bulk
+    raise ValueError(f"lane must be 'online' or 'bulk', got {lane!r}")
+
+
+class PublishError(RuntimeError):
+    """Some sends failed after the producer's retries; raised by flush() so failures are never silent."""
+
+
+class ChunkPublisher:
+    """Chunks documents and produces ChunkEvent / DocumentDelete records to one lane's topic.
+
+    Sends are asynchronous; :meth:`flush` waits for them and raises :class:`PublishError` if any
+    failed. Deletes go to the same lane topic, so publish a document's deletes on the lane its
+    chunks used, or they are not ordered with them. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        lane: Lane = "bulk",
+        model: str | None = None,
+        collection: str | None = None,
+        *,
+        create_topics: bool = True,
+        partitions: int = DEFAULT_PARTITIONS,
+        producer_config: Mapping[str, Any] | None = None,
+    ):
+        self.settings = settings
+        self.lane: Lane = lane
+        self.topic = lane_topic(settings, lane)
+        self.model = model
+        self.collection = collection
+        if create_topics:
+            ensure_topics(settings, partitions, topics=[self.topic])
+        config: dict[str, Any] = {
+            **settings.client_kwargs(),
+            "client_id": f"embedstream-publisher-{lane}",
+            "acks": "all",
+            "enable_idempotence": True,  # retries may not reorder a document's events
+            # Bulk: a few ms of batching buys throughput; online: every event goes at once.
+            "linger_ms": 5 if lane == "bulk" else 0,
+            "batch_size": 256 * 1024 if lane == "bulk" else 16 * 1024,
+            "compression_type": "lz4" if has_lz4() else None,
+        }
+        config.update(producer_config or {})
+        self._producer = KafkaProducer(**config)
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._first_failure: BaseException | None = None
+        self.sent = 0
+
+    def publish_document(self, doc: Document | Mapping[str, Any], chunker: Chunker, replace: bool = False) -> int:
+        """Chunk a document and send one ChunkEvent per chunk (chunk_id = index); returns the chunk count.
+
+        ``replace=True`` first sends a delete of the whole document, so chunks left over from a
+        longer earlier version disappear (at the cost of re-embedding unchanged chunks).
+        """
+        document = Document.coerce(doc)
+        return self._publish_chunks(document, chunker.chunk(document.text), replace)
+
+    def publish_documents(
+        self,
+        docs: Iterable[Document | Mapping[str, Any]],
+        chunker: Chunker,
+        replace: bool = False,
+        batch_size: int = 64,
+    ) -> int:
+        """publish_document() for a stream of documents, chunked in batches (tokenized in parallel,
+        off the GIL, so the producer's I/O thread keeps sending); returns the total chunk count."""
+        total = 0
+        batch: list[Document] = []
+        for doc in docs:
+            batch.append(Document.coerce(doc))
+            if len(batch) >= batch_size:
+                total += self._publish_batch(batch, chunker, replace)
+                batch = []
+        if batch:
+            total += self._publish_batch(batch, chunker, replace)
+        return total
+
+    def _publish_batch(self, batch: list[Document], chunker: Chunker, replace: bool) -> int:
+        chunked = chunker.chunk_many([doc.text for doc in batch])
+        return sum(self._publish_chunks(doc, chunks, replace) for doc, chunks in zip(batch, chunked))
+
+    def _publish_chunks(self, document: Document, chunks: list[str], replace: bool) -> int:
+        if replace:
+            self.publish_delete(DocumentDelete(doc_id=document.doc_id, collection=self.collection))
+        created = now_ms()
+        for index, text in enumerate(chunks):
+            self.publish_chunk(
+                ChunkEvent(
+                    doc_id=document.doc_id,
+                    chunk_id=index,
+                    text=text,
+                    metadata=document.metadata,
+                    collection=self.collection,
+                    model=self.model,
+                    content_hash=content_hash(text),
+                    lane=self.lane,
+                    created_at_ms=created,
+                )
+            )
+        return len(chunks)
+
+    def publish_chunk(self, event: ChunkEvent) -> FutureRecordMetadata:
+        """Send one chunk event as is (keyed by its doc_id)."""
+        return self._send(event.doc_id, encode(event))
+
+    def publish_delete(self, event: DocumentDelete) -> FutureRecordMetadata:
+        """Send a delete; it is applied after the document's earlier events on this lane."""
+        return self._send(event.doc_id, encode(event))
+
+    def _send(self, doc_id: str, value: bytes) -> FutureRecordMetadata:
+        future = self._producer.send(self.topic, key=doc_id.encode("utf-8"), value=value)
+        future.add_errback(self._on_failure)
+        with self._lock:
+            self.sent += 1
+        return future
+
+    def _on_failure(self, exc: BaseException) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._first_failure is None:
+                self._first_failure = exc
+        log.error("publishing to %s failed: %s", self.topic, exc)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every send is acknowledged; raise PublishError if any failed since the last flush."""
+        try:
+            self._producer.flush(timeout=timeout_s)
+        except KafkaError as exc:
+            raise PublishError(f"flush to {self.topic} did not complete: {exc}") from exc
+        with self._lock:
+            failures, first = self._failures, self._first_failure
+            self._failures, self._first_failure = 0, None
+        if failures:
+            raise PublishError(f"{failures} record(s) to {self.topic} failed; first error: {first!r}") from first
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush and close the producer."""
+        try:
+            self.flush(timeout_s)
+        finally:
+            self._producer.close(timeout=timeout_s)
+
+    def __enter__(self) -> ChunkPublisher:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # do not mask the original error with a flush failure
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the publisher after an error failed")

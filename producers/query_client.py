@@ -1,0 +1,301 @@
+"""Request-reply over Kafka: send a request keyed by its request_id, wait for the reply that carries it.
+
+Replies are read without a consumer group: the client assigns itself every partition of the reply
+topic and starts at the end, so it sees every reply produced after it started (no rebalance
+pauses, no committed offsets) and keeps the ones whose request_id it is waiting for. Any number of
+clients can share one reply topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from embedstream.config import KafkaSettings
+from producers.publisher import DEFAULT_PARTITIONS, ensure_topics
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=BaseModel)
+
+_POLL_TIMEOUT_MS = 100
+_EXPIRY_GRACE_S = 1.0
+
+
+class _Envelope(BaseModel):
+    """Just the correlation id: replies to other clients are skipped without a full decode."""
+
+    model_config = ConfigDict(extra="ignore")
+    request_id: str
+
+
+@dataclass(slots=True)
+class _Pending:
+    reply_model: type[BaseModel]
+    future: Future[Any]
+    expires_at: float  # monotonic; lets abandoned async requests be reaped
+
+
+def _settle(future: Future[Any], exc: BaseException | None = None, result: Any = None) -> None:
+    """Complete a future unless the caller already cancelled it."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+class ClientClosedError(RuntimeError):
+    """The client was closed (or its reply reader died) before the reply arrived."""
+
+
+class QueryClient:
+    """Sends QueryRequests (and other request types) to the workers and returns their replies.
+
+    Thread-safe: any number of threads may call :meth:`embed` / :meth:`request` at once.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        reply_topic: str | None = None,
+        *,
+        create_reply_topic: bool = True,
+        partitions: int = DEFAULT_PARTITIONS,
+        start_timeout_s: float = 30.0,
+        send_block_s: float = 10.0,
+    ):
+        self.settings = settings
+        self.reply_topic = reply_topic or settings.topic_replies
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._failure: BaseException | None = None
+        self._consumer = self._start_consumer(create_reply_topic, partitions, start_timeout_s)
+        try:
+            self._producer = KafkaProducer(
+                **settings.client_kwargs(),
+                client_id="embedstream-query-client",
+                acks=1,  # a lost request only costs a timeout; waiting for replicas costs every request
+                enable_idempotence=False,
+                linger_ms=0,
+                max_block_ms=int(send_block_s * 1000),  # bounds a send() stuck on metadata (missing topic)
+            )
+        except BaseException:
+            self._consumer.close()
+            raise
+        self._reader = threading.Thread(target=self._read_replies, name=f"reply-reader:{self.reply_topic}", daemon=True)
+        self._reader.start()
+
+    def _start_consumer(self, create: bool, partitions: int, timeout_s: float) -> KafkaConsumer:
+        """Assign all reply partitions and resolve their end offsets now, before any request can be sent."""
+        consumer = KafkaConsumer(
+            **self.settings.client_kwargs(),
+            client_id="embedstream-query-client",
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
+        )
+        try:
+            ids = consumer.partitions_for_topic(self.reply_topic)
+            if not ids and create:
+                ensure_topics(self.settings, partitions, topics=[self.reply_topic])
+                deadline = time.monotonic() + timeout_s
+                while not ids and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    ids = consumer.partitions_for_topic(self.reply_topic)
+            if not ids:
+                raise RuntimeError(
+                    f"reply topic {self.reply_topic!r} does not exist on {self.settings.bootstrap_servers} "
+                    f"(create it, e.g. with producers.publisher.ensure_topics)"
+                )
+            assigned = [TopicPartition(self.reply_topic, p) for p in sorted(ids)]
+            consumer.assign(assigned)
+            consumer.seek_to_end()
+            for tp in assigned:  # seek_to_end is lazy; position() blocks until the offset is known
+                if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) is None:
+                    raise RuntimeError(f"could not resolve the end offset of {tp.topic}[{tp.partition}] within {timeout_s:g} s")
+        except BaseException:
+            consumer.close()
+            raise
+        return consumer
+
+    # ------------------------------------------------------------------ requests
+
+    def embed(
+        self,
+        text: str,
+        model: str | None = None,
+        dimensions: int | None = None,
+        dtype: Dtype = "float32",
+        timeout_s: float = 5.0,
+        prompt: PromptKind | None = "query",
+    ) -> QueryReply:
+        """Embed one text on the online path. A worker error comes back in ``reply.error``, not raised."""
+        sent = now_ms()
+        request = QueryRequest(
+            request_id=uuid.uuid4().hex,
+            text=text,
+            model=model,
+            dimensions=dimensions,
+            dtype=dtype,
+            prompt=prompt,
+            reply_to=self.reply_topic,
+            deadline_ms=sent + int(timeout_s * 1000),
+            sent_at_ms=sent,
+        )
+        return self.request(self.settings.topic_queries, request, QueryReply, timeout_s=timeout_s)
+
+    def request(
+        self,
+        topic: str,
+        payload: BaseModel,
+        reply_model: type[R],
+        request_id: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> R:
+        """Send payload to topic and wait for the reply_model record whose request_id matches.
+
+        request_id defaults to ``payload.request_id``. Raises TimeoutError after timeout_s.
+        """
+        request_id = request_id or getattr(payload, "request_id", None)
+        future = self.submit(topic, payload, reply_model, request_id=request_id, timeout_s=timeout_s)
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:  # the wait ran out, or the reader expired the entry
+            self._forget(request_id)  # type: ignore[arg-type]
+            raise TimeoutError(
+                f"no reply to request {request_id} within {timeout_s:g} s (sent to {topic!r}, waiting on "
+                f"{self.reply_topic!r}); is a worker consuming {topic!r}?"
+            ) from None
+
+    def submit(
+        self,
+        topic: str,
+        payload: BaseModel,
+        reply_model: type[R],
+        request_id: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> Future[R]:
+        """Asynchronous :meth:`request`: a Future of the reply (fails with TimeoutError if none comes)."""
+        request_id = request_id or getattr(payload, "request_id", None)
+        if not request_id:
+            raise ValueError("request_id is required (pass it, or use a payload with a request_id field)")
+        reply_to = getattr(payload, "reply_to", self.reply_topic)
+        if reply_to != self.reply_topic:
+            raise ValueError(
+                f"payload.reply_to is {reply_to!r} but this client reads {self.reply_topic!r}: the reply would be missed"
+            )
+        future: Future[R] = Future()
+        with self._lock:
+            if self._closed.is_set() or self._failure is not None:
+                raise ClientClosedError(self._closed_reason())
+            if request_id in self._pending:
+                raise ValueError(f"request {request_id} is already in flight")
+            self._pending[request_id] = _Pending(reply_model, future, time.monotonic() + timeout_s + _EXPIRY_GRACE_S)
+        try:
+            send = self._producer.send(topic, key=request_id.encode("utf-8"), value=encode(payload))
+        except BaseException:
+            self._forget(request_id)
+            raise
+        send.add_errback(self._on_send_failure, request_id, topic)
+        return future
+
+    def _on_send_failure(self, request_id: str, topic: str, exc: BaseException) -> None:
+        pending = self._forget(request_id)
+        if pending is not None:
+            _settle(pending.future, RuntimeError(f"sending request {request_id} to {topic!r} failed: {exc}"))
+
+    def _forget(self, request_id: str) -> _Pending | None:
+        with self._lock:
+            return self._pending.pop(request_id, None)
+
+    # ------------------------------------------------------------------ reply reader
+
+    def _read_replies(self) -> None:
+        next_sweep = time.monotonic() + _EXPIRY_GRACE_S
+        try:
+            while not self._closed.is_set():
+                batches = self._consumer.poll(timeout_ms=_POLL_TIMEOUT_MS)
+                for records in batches.values():
+                    for record in records:
+                        self._deliver(record.value)
+                if time.monotonic() >= next_sweep:
+                    self._expire()
+                    next_sweep = time.monotonic() + _EXPIRY_GRACE_S
+        except BaseException as exc:  # noqa: BLE001 - a dead reader must fail waiters, not hang them
+            if not self._closed.is_set():
+                log.exception("reply reader on %s stopped", self.reply_topic)
+                with self._lock:
+                    self._failure = exc
+                self._fail_pending()
+
+    def _deliver(self, value: bytes | None) -> None:
+        if not value:
+            return
+        try:
+            request_id = _Envelope.model_validate_json(value).request_id
+        except ValidationError:
+            log.debug("skipping a reply without request_id on %s", self.reply_topic)
+            return
+        pending = self._forget(request_id)
+        if pending is None:
+            return  # another client's reply, or one that arrived after its timeout
+        try:
+            reply = decode(value, pending.reply_model)
+        except DecodeError as exc:
+            _settle(pending.future, exc)
+        else:
+            _settle(pending.future, result=reply)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [rid for rid, p in self._pending.items() if p.expires_at <= now]
+            entries = [self._pending.pop(rid) for rid in expired]
+        for rid, pending in zip(expired, entries):
+            _settle(pending.future, TimeoutError(f"no reply to request {rid} on {self.reply_topic!r}"))
+
+    def _fail_pending(self) -> None:
+        with self._lock:
+            entries = list(self._pending.values())
+            self._pending.clear()
+        for pending in entries:
+            _settle(pending.future, ClientClosedError(self._closed_reason()))
+
+    def _closed_reason(self) -> str:
+        if self._failure is not None:
+            return f"query client stopped: reply reader failed ({self._failure!r})"
+        return "query client is closed"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the reply reader, fail requests still waiting, close the Kafka clients. Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._reader.join(timeout=timeout_s)
+        self._fail_pending()
+        try:
+            self._producer.close(timeout=timeout_s)
+        finally:
+            self._consumer.close()
+
+    def __enter__(self) -> QueryClient:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.close()
