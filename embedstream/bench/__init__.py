@@ -1,0 +1,1 @@
+"""Benchmarks: runnable modules that print comparable numbers (python -m embedstream.bench.<name>)."""

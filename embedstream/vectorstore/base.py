@@ -1,0 +1,289 @@
+"""Backend-neutral vector store contract.
+
+The rest of embedstream talks to Qdrant only through :class:`VectorStore`, so the
+same pipeline runs against a Qdrant server (production), the qdrant-client
+in-memory mode (tests) and the embedded qdrant-edge engine (single machine).
+The types here are plain dataclasses so callers never import a backend's models.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Union
+
+import numpy as np
+
+Distance = Literal["cosine", "dot", "euclid"]
+Datatype = Literal["float32", "float16", "uint8"]
+Quantization = Literal["scalar", "binary"]
+
+DISTANCES: tuple[str, ...] = ("cosine", "dot", "euclid")
+DATATYPES: tuple[str, ...] = ("float32", "float16", "uint8")
+QUANTIZATIONS: tuple[str | None, ...] = (None, "scalar", "binary")
+
+#: A filter value: equality for a scalar, "any of" for a list.
+FilterValue = Union[str, int, float, bool, Sequence[Union[str, int]]]
+VectorLike = Union[Sequence[float], np.ndarray]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class VectorStoreError(Exception):
+    """Base class, so callers can catch every store failure in one place."""
+
+
+class CollectionNotFound(VectorStoreError, KeyError):
+    """Name is neither a collection nor an alias."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "collection not found"
+
+
+class CollectionConfigMismatch(VectorStoreError, ValueError):
+    """ensure_collection found the collection with a different vector config.
+
+    Raised instead of silently reusing it: writing 384-d vectors into a
+    collection created for another model would corrupt search quietly.
+    """
+
+
+class AliasError(VectorStoreError, ValueError):
+    """Alias operation is invalid (e.g. alias name clashes with a collection)."""
+
+
+@dataclass(frozen=True)
+class VectorSpec:
+    """Config of one named vector; compared field by field by ensure_collection."""
+
+    size: int
+    distance: Distance = "cosine"
+    datatype: Datatype = "float32"
+    quantization: Quantization | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size <= 0:
+            raise ValueError(f"VectorSpec.size must be a positive int, got {self.size!r}")
+        if self.distance not in DISTANCES:
+            raise ValueError(f"VectorSpec.distance must be one of {DISTANCES}, got {self.distance!r}")
+        if self.datatype not in DATATYPES:
+            raise ValueError(f"VectorSpec.datatype must be one of {DATATYPES}, got {self.datatype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"VectorSpec.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "VectorSpec":
+        return cls(
+            size=int(d["size"]),
+            distance=d.get("distance", "cosine"),
+            datatype=d.get("datatype", "float32"),
+            quantization=d.get("quantization"),
+        )
+
+
+@dataclass
+class Point:
+    """One stored item: a UUID string id, one vector per name, a JSON payload.
+
+    ``uint8`` vectors are given as ints 0..255 (int8 shifted by 128),
+    ``float16`` ones as floats; the store converts for its backend.
+    """
+
+    id: str
+    vectors: dict[str, VectorLike]
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result; ``vector_name`` tells which vector produced the score."""
+
+    id: str
+    score: float
+    payload: dict[str, Any]
+    vector_name: str
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """First stage of a two-stage search (Qdrant Query API prefetch).
+
+    Retrieve ``limit`` candidates by ``vector`` on the (small, cheap)
+    ``vector_name``; the outer search then rescores only those candidates on
+    its own (full) vector.
+    """
+
+    vector_name: str
+    vector: VectorLike
+    limit: int
+
+
+def normalize_id(point_id: Any) -> str:
+    """Canonical UUID string; Qdrant returns ids in this form, so round trips compare equal."""
+    if isinstance(point_id, uuid.UUID):
+        return str(point_id)
+    try:
+        return str(uuid.UUID(str(point_id)))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"point id must be a UUID string, got {point_id!r}") from exc
+
+
+def validate_name(name: str, what: str = "collection") -> str:
+    """Names double as directory names in the edge store, so keep them filesystem safe."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(
+            f"invalid {what} name {name!r}: use 1-128 chars of [A-Za-z0-9_.-], not starting with '.', '_' or '-'"
+        )
+    return name
+
+
+def describe_mismatch(
+    name: str, existing: Mapping[str, VectorSpec], wanted: Mapping[str, VectorSpec]
+) -> str:
+    """Human-readable diff for CollectionConfigMismatch."""
+    parts: list[str] = []
+    for vname in sorted(set(existing) | set(wanted)):
+        have, want = existing.get(vname), wanted.get(vname)
+        if have != want:
+            parts.append(f"{vname!r}: existing={have} requested={want}")
+    return f"collection {name!r} exists with a different vector config: " + "; ".join(parts)
+
+
+def as_float_list(vector: VectorLike) -> list[float]:
+    """Plain list for backends that want JSON-like input."""
+    if isinstance(vector, np.ndarray):
+        return vector.astype(np.float32, copy=False).tolist()
+    return [float(x) for x in vector]
+
+
+class VectorStore(ABC):
+    """What embedstream needs from a vector database.
+
+    ``name`` arguments of data operations may be an alias; it is resolved on
+    each call (so readers follow an alias switch on their next call).
+    """
+
+    # ---- collections -------------------------------------------------------------
+    @abstractmethod
+    def collection_exists(self, name: str) -> bool:
+        """True only for a real collection (an alias name gives False)."""
+
+    @abstractmethod
+    def ensure_collection(
+        self,
+        name: str,
+        vectors: Mapping[str, VectorSpec],
+        payload_indexes: Iterable[str] = ("doc_id",),
+    ) -> bool:
+        """Create ``name`` when missing; return True if it was created.
+
+        An existing collection must have exactly ``vectors``, otherwise
+        CollectionConfigMismatch. Missing keyword payload indexes are added.
+        """
+
+    @abstractmethod
+    def get_vector_specs(self, name: str) -> dict[str, VectorSpec]:
+        """Vector config of a collection (or alias target)."""
+
+    @abstractmethod
+    def delete_collection(self, name: str) -> bool:
+        """Drop a collection (and aliases pointing to it); False if it did not exist."""
+
+    @abstractmethod
+    def list_collections(self) -> list[str]:
+        """Sorted collection names (aliases not included)."""
+
+    # ---- points --------------------------------------------------------------------
+    @abstractmethod
+    def upsert(self, name: str, points: Sequence[Point], wait: bool = True) -> None:
+        """Insert or replace points by id (idempotent: re-sending a batch is harmless)."""
+
+    @abstractmethod
+    def delete_points(self, name: str, ids: Sequence[str]) -> None:
+        """Delete points by id; unknown ids are ignored."""
+
+    @abstractmethod
+    def delete_by_field(self, name: str, field: str, value: FilterValue) -> None:
+        """Delete every point whose payload ``field`` matches ``value`` (e.g. all chunks of a doc)."""
+
+    @abstractmethod
+    def count(self, name: str, exact: bool = True) -> int:
+        """Number of points."""
+
+    @abstractmethod
+    def scroll(
+        self,
+        name: str,
+        field: str | None = None,
+        value: FilterValue | None = None,
+        with_vectors: bool = False,
+    ) -> list[Point]:
+        """All points (optionally those matching ``field == value``), ordered by id."""
+
+    @abstractmethod
+    def search(
+        self,
+        name: str,
+        vector_name: str,
+        vector: VectorLike,
+        top_k: int,
+        filter: Mapping[str, FilterValue] | None = None,
+        prefetch: Sequence[Prefetch] | None = None,
+    ) -> list[Hit]:
+        """Nearest points on ``vector_name``, best first.
+
+        ``filter`` is an AND of ``field == value`` (list value: any of).
+        With ``prefetch`` the candidates come from the prefetch stages and are
+        rescored on ``vector_name``.
+        """
+
+    # ---- aliases -------------------------------------------------------------------
+    @abstractmethod
+    def get_alias(self, alias: str) -> str | None:
+        """Collection the alias points to, or None."""
+
+    @abstractmethod
+    def set_alias(self, alias: str, collection: str) -> None:
+        """Create or atomically move ``alias`` to ``collection``."""
+
+    @abstractmethod
+    def delete_alias(self, alias: str) -> bool:
+        """Remove an alias; False if it did not exist."""
+
+    @abstractmethod
+    def list_aliases(self) -> dict[str, str]:
+        """alias -> collection."""
+
+    def resolve(self, name_or_alias: str) -> str:
+        """Collection name behind ``name_or_alias``; CollectionNotFound if neither exists."""
+        target = self.get_alias(name_or_alias)
+        if target is not None:
+            return target
+        if self.collection_exists(name_or_alias):
+            return name_or_alias
+        raise CollectionNotFound(f"no collection or alias named {name_or_alias!r}")
+
+    # ---- maintenance -----------------------------------------------------------------
+    def optimize(self, name: str) -> bool:
+        """Build indexes now where the backend only does it on request.
+
+        A Qdrant server optimizes in the background, so the default is a no-op.
+        """
+        return False
+
+    def close(self) -> None:
+        """Release files and connections."""
+
+    def __enter__(self) -> "VectorStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

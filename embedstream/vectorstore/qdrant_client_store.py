@@ -1,0 +1,425 @@
+"""VectorStore over ``qdrant_client.QdrantClient``.
+
+One implementation serves two uses: a Qdrant server (production: url, api_key,
+timeout) and qdrant-client's local mode (``":memory:"`` or a path; tests).
+Local mode stores but ignores datatypes, quantization and payload indexes and
+searches by brute force, which is fine for tests and tiny setups only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from qdrant_client import QdrantClient, models
+
+from ._util import (
+    check_top_k,
+    check_vector_name,
+    prepare_batch,
+    split_filter_value,
+    sorted_points,
+)
+from .base import (
+    AliasError,
+    CollectionConfigMismatch,
+    CollectionNotFound,
+    FilterValue,
+    Hit,
+    Point,
+    Prefetch,
+    VectorLike,
+    VectorSpec,
+    VectorStore,
+    as_float_list,
+    describe_mismatch,
+    normalize_id,
+    validate_name,
+)
+
+log = logging.getLogger(__name__)
+
+_DISTANCE_TO_QDRANT = {
+    "cosine": models.Distance.COSINE,
+    "dot": models.Distance.DOT,
+    "euclid": models.Distance.EUCLID,
+}
+_DISTANCE_FROM_QDRANT = {v: k for k, v in _DISTANCE_TO_QDRANT.items()}
+_DATATYPE_TO_QDRANT = {
+    "float32": models.Datatype.FLOAT32,
+    "float16": models.Datatype.FLOAT16,
+    "uint8": models.Datatype.UINT8,
+}
+_DATATYPE_FROM_QDRANT = {v: k for k, v in _DATATYPE_TO_QDRANT.items()}
+
+_SCROLL_PAGE = 1024
+_SPEC_TTL_S = 10.0
+#: Quantized candidates fetched per result before exact rescoring (binary codes need headroom).
+QUANT_OVERSAMPLING = 3.0
+
+
+def _quantization_config(kind: str | None) -> models.QuantizationConfig | None:
+    if kind is None:
+        return None
+    if kind == "scalar":
+        return models.ScalarQuantization(
+            scalar=models.ScalarQuantizationConfig(type=models.ScalarType.INT8, quantile=0.99, always_ram=True)
+        )
+    if kind == "binary":
+        return models.BinaryQuantization(binary=models.BinaryQuantizationConfig(always_ram=True))
+    raise ValueError(f"unsupported quantization {kind!r}")
+
+
+def _quantization_kind(cfg: Any) -> str | None:
+    if cfg is None:
+        return None
+    if isinstance(cfg, models.ScalarQuantization):
+        return "scalar"
+    if isinstance(cfg, models.BinaryQuantization):
+        return "binary"
+    return type(cfg).__name__  # product / turbo: not expressible as VectorSpec -> mismatch
+
+
+def _build_filter(filter: Mapping[str, FilterValue] | None) -> models.Filter | None:
+    if not filter:
+        return None
+    must: list[models.Condition] = []
+    for field, value in filter.items():
+        kind, val = split_filter_value(field, value)
+        if kind == "any":
+            must.append(models.FieldCondition(key=field, match=models.MatchAny(any=val)))
+        elif kind == "value":
+            must.append(models.FieldCondition(key=field, match=models.MatchValue(value=val)))
+        else:
+            must.append(models.FieldCondition(key=field, range=models.Range(gte=val, lte=val)))
+    return models.Filter(must=must)
+
+
+class QdrantClientStore(VectorStore):
+    """Qdrant server or qdrant-client local mode behind the VectorStore contract.
+
+    Aliases are Qdrant's own (``update_collection_aliases``: one atomic call with
+    delete+create), so a server switch is atomic for every client. Searches always
+    send ``rescore=True`` with oversampling: Qdrant applies them to quantized vectors
+    only and ignores them otherwise, which saves a config round trip per query.
+    """
+
+    def __init__(self, client: QdrantClient) -> None:
+        self.client = client
+        self._spec_cache: dict[str, tuple[float, dict[str, VectorSpec]]] = {}
+        try:
+            from qdrant_client.local.qdrant_local import QdrantLocal
+
+            self.is_local = isinstance(getattr(client, "_client", None), QdrantLocal)
+        except ImportError:  # pragma: no cover - layout of qdrant-client changed
+            self.is_local = False
+
+    # ---- constructors ----------------------------------------------------------------
+    @classmethod
+    def connect(cls, url: str, api_key: str | None = None, timeout: float | None = 30.0) -> "QdrantClientStore":
+        """Qdrant server at ``url`` (http(s)://host:6333)."""
+        return cls(QdrantClient(url=url, api_key=api_key, timeout=int(timeout) if timeout else None))
+
+    @classmethod
+    def in_memory(cls) -> "QdrantClientStore":
+        """Throw-away local-mode store for tests."""
+        return cls(QdrantClient(location=":memory:"))
+
+    @classmethod
+    def local_path(cls, path: str) -> "QdrantClientStore":
+        """Local mode persisted under ``path`` (slow writes: it rewrites storage per batch)."""
+        return cls(QdrantClient(path=path))
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _collection_names(self) -> set[str]:
+        return {c.name for c in self.client.get_collections().collections}
+
+    def _not_found(self, name: str, exc: Exception) -> Exception:
+        """Map backend 'not found' errors (ValueError local, 404 server) to CollectionNotFound."""
+        try:
+            missing = name not in self._collection_names() and self.get_alias(name) is None
+        except Exception:  # keep the original error if even the check fails
+            return exc
+        if missing:
+            return CollectionNotFound(f"no collection or alias named {name!r}")
+        return exc
+
+    def _specs_of(self, info: models.CollectionInfo, name: str) -> dict[str, VectorSpec]:
+        params = info.config.params
+        vectors = params.vectors
+        if vectors is None:
+            return {}
+        if isinstance(vectors, models.VectorParams):
+            vectors = {"": vectors}
+        default_q = _quantization_kind(info.config.quantization_config)
+        specs: dict[str, VectorSpec] = {}
+        for vname, vp in vectors.items():
+            distance = _DISTANCE_FROM_QDRANT.get(vp.distance)
+            datatype = _DATATYPE_FROM_QDRANT.get(vp.datatype or models.Datatype.FLOAT32)
+            quant = _quantization_kind(vp.quantization_config) if vp.quantization_config else default_q
+            try:
+                specs[vname] = VectorSpec(size=vp.size, distance=distance, datatype=datatype, quantization=quant)  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise CollectionConfigMismatch(
+                    f"collection {name!r} vector {vname!r} uses a config embedstream cannot express "
+                    f"(distance={vp.distance}, datatype={vp.datatype}, quantization={quant}): {exc}"
+                ) from exc
+        return specs
+
+    # ---- collections -----------------------------------------------------------------
+    def collection_exists(self, name: str) -> bool:
+        return name in self._collection_names()
+
+    def list_collections(self) -> list[str]:
+        return sorted(self._collection_names())
+
+    def get_vector_specs(self, name: str) -> dict[str, VectorSpec]:
+        try:
+            info = self.client.get_collection(name)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+        return self._specs_of(info, name)
+
+    def _cached_specs(self, name: str) -> dict[str, VectorSpec]:
+        """Specs for validating upserts without a config round trip per batch.
+
+        Short TTL because another process may switch an alias; the server still
+        rejects wrong dimensions, so staleness only weakens the early check.
+        """
+        now = time.monotonic()
+        hit = self._spec_cache.get(name)
+        if hit is not None and now - hit[0] < _SPEC_TTL_S:
+            return hit[1]
+        specs = self.get_vector_specs(name)
+        self._spec_cache[name] = (now, specs)
+        return specs
+
+    def ensure_collection(
+        self,
+        name: str,
+        vectors: Mapping[str, VectorSpec],
+        payload_indexes: Iterable[str] = ("doc_id",),
+    ) -> bool:
+        validate_name(name)
+        wanted = dict(vectors)
+        if not wanted:
+            raise ValueError("a collection needs at least one named vector")
+        indexes = list(payload_indexes)
+        if self.get_alias(name) is not None:
+            raise AliasError(f"{name!r} is an alias; ensure_collection needs a collection name")
+        self._spec_cache.clear()
+        created = False
+        if not self.collection_exists(name):
+            try:
+                self.client.create_collection(
+                    collection_name=name,
+                    vectors_config={
+                        vname: models.VectorParams(
+                            size=spec.size,
+                            distance=_DISTANCE_TO_QDRANT[spec.distance],
+                            datatype=_DATATYPE_TO_QDRANT[spec.datatype],
+                            quantization_config=_quantization_config(spec.quantization),
+                        )
+                        for vname, spec in wanted.items()
+                    },
+                )
+                created = True
+            except Exception:
+                # Another worker may have created it between the check and the call;
+                # fall through to the config comparison, re-raise if it still is missing.
+                if not self.collection_exists(name):
+                    raise
+        if not created:
+            existing = self.get_vector_specs(name)
+            if existing != wanted:
+                raise CollectionConfigMismatch(describe_mismatch(name, existing, wanted))
+        self._ensure_payload_indexes(name, indexes)
+        return created
+
+    def _ensure_payload_indexes(self, name: str, fields: Sequence[str]) -> None:
+        if self.is_local or not fields:
+            return  # local mode ignores payload indexes (and warns on each call)
+        schema = self.client.get_collection(name).payload_schema or {}
+        for field in fields:
+            if field not in schema:
+                self.client.create_payload_index(
+                    collection_name=name,
+                    field_name=field,
+                    field_schema=models.PayloadSchemaType.KEYWORD,
+                    wait=True,
+                )
+
+    def delete_collection(self, name: str) -> bool:
+        self._spec_cache.clear()
+        if not self.collection_exists(name):
+            return False
+        # Drop its aliases explicitly so no alias is left dangling (server and local behave alike).
+        ops = [
+            models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=a))
+            for a, target in self.list_aliases().items()
+            if target == name
+        ]
+        if ops:
+            self.client.update_collection_aliases(change_aliases_operations=ops)
+        return bool(self.client.delete_collection(name))
+
+    # ---- points ----------------------------------------------------------------------
+    def upsert(self, name: str, points: Sequence[Point], wait: bool = True) -> None:
+        if not points:
+            return
+        specs = self._cached_specs(name)
+        structs = [
+            models.PointStruct(id=pid, vector=vecs, payload=payload)
+            for pid, vecs, payload in prepare_batch(points, specs)
+        ]
+        self.client.upsert(collection_name=name, points=structs, wait=wait)
+
+    def delete_points(self, name: str, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+        pids = [normalize_id(i) for i in ids]
+        try:
+            self.client.delete(collection_name=name, points_selector=models.PointIdsList(points=pids), wait=True)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+
+    def delete_by_field(self, name: str, field: str, value: FilterValue) -> None:
+        flt = _build_filter({field: value})
+        try:
+            self.client.delete(collection_name=name, points_selector=models.FilterSelector(filter=flt), wait=True)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+
+    def count(self, name: str, exact: bool = True) -> int:
+        try:
+            return int(self.client.count(collection_name=name, exact=exact).count)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+
+    def scroll(
+        self,
+        name: str,
+        field: str | None = None,
+        value: FilterValue | None = None,
+        with_vectors: bool = False,
+    ) -> list[Point]:
+        flt = _build_filter({field: value}) if field is not None else None
+        out: list[Point] = []
+        offset: Any = None
+        while True:
+            try:
+                records, offset = self.client.scroll(
+                    collection_name=name,
+                    scroll_filter=flt,
+                    limit=_SCROLL_PAGE,
+                    offset=offset,
+                    with_payload=True,
+                    with_vectors=with_vectors,
+                )
+            except Exception as exc:
+                raise self._not_found(name, exc) from exc
+            for r in records:
+                vecs: dict[str, Any] = {}
+                if with_vectors and isinstance(r.vector, dict):
+                    vecs = {k: list(v) for k, v in r.vector.items()}  # type: ignore[arg-type]
+                out.append(Point(id=normalize_id(r.id), vectors=vecs, payload=dict(r.payload or {})))
+            if offset is None:
+                break
+        return sorted_points(out)
+
+    def search(
+        self,
+        name: str,
+        vector_name: str,
+        vector: VectorLike,
+        top_k: int,
+        filter: Mapping[str, FilterValue] | None = None,
+        prefetch: Sequence[Prefetch] | None = None,
+    ) -> list[Hit]:
+        check_top_k(top_k)
+        flt = _build_filter(filter)
+        # Local mode is brute force and warns on every call if given search params.
+        params = (
+            None
+            if self.is_local
+            else models.SearchParams(
+                quantization=models.QuantizationSearchParams(rescore=True, oversampling=QUANT_OVERSAMPLING)
+            )
+        )
+        pf = None
+        if prefetch:
+            pf = [
+                models.Prefetch(
+                    query=as_float_list(p.vector), using=p.vector_name, limit=int(p.limit), filter=flt, params=params
+                )
+                for p in prefetch
+            ]
+        try:
+            res = self.client.query_points(
+                collection_name=name,
+                query=as_float_list(vector),
+                using=vector_name,
+                prefetch=pf,
+                query_filter=flt,
+                search_params=params,
+                limit=top_k,
+                with_payload=True,
+                with_vectors=False,
+            )
+        except Exception as exc:
+            err = self._not_found(name, exc)
+            if err is exc:
+                # Give the same error as the edge backend for a wrong vector name.
+                specs = self.get_vector_specs(name)
+                check_vector_name(specs, vector_name, name)
+                for p in prefetch or ():
+                    check_vector_name(specs, p.vector_name, name)
+            raise err from exc
+        return [
+            Hit(id=normalize_id(p.id), score=float(p.score), payload=dict(p.payload or {}), vector_name=vector_name)
+            for p in res.points
+        ]
+
+    # ---- aliases ---------------------------------------------------------------------
+    def list_aliases(self) -> dict[str, str]:
+        return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
+
+    def get_alias(self, alias: str) -> str | None:
+        return self.list_aliases().get(alias)
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        validate_name(alias, "alias")
+        names = self._collection_names()
+        if alias in names:
+            raise AliasError(f"alias {alias!r} clashes with an existing collection")
+        if collection not in names:
+            raise CollectionNotFound(f"cannot point alias {alias!r} at missing collection {collection!r}")
+        self._spec_cache.clear()
+        for attempt in range(2):
+            ops: list[Any] = []
+            if self.get_alias(alias) is not None:
+                ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)))
+            ops.append(
+                models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=collection, alias_name=alias))
+            )
+            try:
+                # One call: Qdrant applies the delete and the create atomically.
+                self.client.update_collection_aliases(change_aliases_operations=ops)
+                return
+            except Exception:
+                if attempt:  # a concurrent writer changed the alias between our read and write
+                    raise
+
+    def delete_alias(self, alias: str) -> bool:
+        self._spec_cache.clear()
+        if self.get_alias(alias) is None:
+            return False
+        self.client.update_collection_aliases(
+            change_aliases_operations=[models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias))]
+        )
+        return True
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,485 @@
+"""One contract, every backend: the same assertions run on qdrant-client ':memory:' and
+on the embedded qdrant-edge store, so the pipeline can rely on identical behaviour.
+
+Expected results come from numpy brute force on the same random vectors, not from
+the store itself, so a backend that returns plausible but wrong results fails.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+from embedstream.vectorstore import (
+    AliasError,
+    CollectionConfigMismatch,
+    CollectionNotFound,
+    Point,
+    Prefetch,
+    VectorSpec,
+    open_store,
+)
+from embedstream.vectorstore.edge_store import EdgeStore, StoreLockedError
+from embedstream.vectorstore.qdrant_client_store import QdrantClientStore
+
+N = 300
+FULL, SMALL = 48, 12
+SPECS = {"full": VectorSpec(FULL), "small": VectorSpec(SMALL)}
+DOCS = N // 5  # 5 chunks per doc
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(1234)
+    full = _unit(rng.standard_normal((N, FULL)).astype(np.float32))
+    small = _unit(full[:, :SMALL].copy())  # MRL-like: the small vector is a truncated full one
+    ids = [str(uuid.UUID(int=int(rng.integers(1, 2**63)) << 64 | i)) for i in range(N)]
+    payloads = [
+        {"doc_id": f"doc-{i // 5:03d}", "chunk": i % 5, "lang": "de" if i % 3 == 0 else "en", "text": f"chunk {i}"}
+        for i in range(N)
+    ]
+    return {"full": full, "small": small, "ids": ids, "payloads": payloads, "rng": rng}
+
+
+def _points(data, idx=None, payload_update=None):
+    idx = range(N) if idx is None else idx
+    out = []
+    for i in idx:
+        payload = dict(data["payloads"][i])
+        if payload_update:
+            payload.update(payload_update)
+        out.append(Point(id=data["ids"][i], vectors={"full": data["full"][i], "small": data["small"][i]}, payload=payload))
+    return out
+
+
+@pytest.fixture(params=["memory", "edge"])
+def store(request, tmp_path):
+    s = QdrantClientStore.in_memory() if request.param == "memory" else EdgeStore(tmp_path / "edge")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def filled(store, data):
+    assert store.ensure_collection("docs", SPECS) is True
+    pts = _points(data)
+    for i in range(0, N, 128):
+        store.upsert("docs", pts[i : i + 128], wait=True)
+    return store
+
+
+@pytest.fixture(scope="module", params=["memory", "edge"])
+def readonly(request, tmp_path_factory, data):
+    """Filled once per backend for the tests that only read (keeps the suite fast)."""
+    if request.param == "memory":
+        s = QdrantClientStore.in_memory()
+    else:
+        s = EdgeStore(tmp_path_factory.mktemp("edge-ro"))
+    s.ensure_collection("docs", SPECS)
+    pts = _points(data)
+    for i in range(0, N, 128):
+        s.upsert("docs", pts[i : i + 128])
+    yield s
+    s.close()
+
+
+def _topk_cosine(matrix: np.ndarray, q: np.ndarray, k: int, subset: np.ndarray | None = None) -> list[int]:
+    scores = matrix @ q
+    order = np.argsort(-scores, kind="stable")
+    if subset is not None:
+        allowed = set(int(i) for i in subset)
+        order = [i for i in order if i in allowed]
+    return [int(i) for i in order[:k]]
+
+
+# ---- collections --------------------------------------------------------------------
+def test_ensure_collection_creates_once(store):
+    assert not store.collection_exists("docs")
+    assert store.ensure_collection("docs", SPECS) is True
+    assert store.collection_exists("docs")
+    assert store.ensure_collection("docs", dict(SPECS)) is False  # same config: reused
+    assert store.list_collections() == ["docs"]
+    assert store.get_vector_specs("docs") == SPECS
+    assert store.count("docs") == 0
+
+
+CONFLICTING = [
+    {"full": VectorSpec(FULL + 1), "small": VectorSpec(SMALL)},
+    {"full": VectorSpec(FULL, distance="dot"), "small": VectorSpec(SMALL)},
+    {"full": VectorSpec(FULL, datatype="float16"), "small": VectorSpec(SMALL)},
+    {"full": VectorSpec(FULL, quantization="scalar"), "small": VectorSpec(SMALL)},
+    {"full": VectorSpec(FULL)},
+    {"full": VectorSpec(FULL), "small": VectorSpec(SMALL), "extra": VectorSpec(4)},
+]
+
+
+def test_ensure_collection_conflicting_config_raises(store):
+    store.ensure_collection("docs", SPECS)
+    for other in CONFLICTING:
+        with pytest.raises(CollectionConfigMismatch, match="docs"):
+            store.ensure_collection("docs", other)
+    assert store.get_vector_specs("docs") == SPECS  # untouched
+    assert store.ensure_collection("docs", SPECS) is False
+
+
+def test_delete_collection(filled):
+    filled.set_alias("live", "docs")
+    assert filled.delete_collection("docs") is True
+    assert not filled.collection_exists("docs")
+    assert filled.get_alias("live") is None  # no dangling alias
+    assert filled.delete_collection("docs") is False
+    with pytest.raises(CollectionNotFound):
+        filled.count("docs")
+
+
+# ---- points -------------------------------------------------------------------------
+def test_upsert_count_and_idempotent(filled, data):
+    assert filled.count("docs") == N
+    assert filled.count("docs", exact=True) == N
+    # Re-delivering the same batch (Kafka at-least-once) must not duplicate anything.
+    filled.upsert("docs", _points(data, range(50), payload_update={"version": 2}))
+    assert filled.count("docs") == N
+    got = {p.id: p.payload for p in filled.scroll("docs")}
+    assert len(got) == N
+    assert all(got[data["ids"][i]]["version"] == 2 for i in range(50))
+    assert all("version" not in got[data["ids"][i]] for i in range(50, N))
+
+
+def test_payload_round_trip(store, data):
+    store.ensure_collection("docs", SPECS)
+    payload = {
+        "doc_id": "doc-x",
+        "text": "Grüße, 世界 — \"quoted\"",
+        "n": 7,
+        "f": 0.25,
+        "flag": True,
+        "none": None,
+        "tags": ["a", "b"],
+        "nested": {"k": [1, 2, {"deep": "yes"}]},
+    }
+    pid = str(uuid.uuid4())
+    store.upsert("docs", [Point(id=pid.upper(), vectors={"full": data["full"][0], "small": data["small"][0]}, payload=payload)])
+    [p] = store.scroll("docs", with_vectors=True)
+    assert p.id == pid  # canonical lower-case UUID
+    assert p.payload == payload
+    np.testing.assert_allclose(p.vectors["full"], data["full"][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p.vectors["small"], data["small"][0], rtol=1e-5, atol=1e-6)
+
+
+def test_scroll_by_field_returns_exactly_that_doc(readonly, data):
+    got = readonly.scroll("docs", field="doc_id", value="doc-007")
+    assert [p.id for p in got] == sorted(data["ids"][35:40])
+    assert [p.payload["chunk"] for p in sorted(got, key=lambda p: data["ids"].index(p.id))] == [0, 1, 2, 3, 4]
+
+
+def test_delete_by_field_removes_exactly_that_doc(filled, data):
+    filled.delete_by_field("docs", "doc_id", "doc-003")
+    remaining = {p.id for p in filled.scroll("docs")}
+    expected = set(data["ids"]) - set(data["ids"][15:20])
+    assert remaining == expected
+    assert filled.count("docs") == N - 5
+    assert filled.scroll("docs", field="doc_id", value="doc-003") == []
+    assert len(filled.scroll("docs", field="doc_id", value="doc-004")) == 5
+
+
+def test_delete_points_by_id(filled, data):
+    gone = [data["ids"][0], data["ids"][7].upper(), str(uuid.uuid4())]  # unknown id is ignored
+    filled.delete_points("docs", gone)
+    remaining = {p.id for p in filled.scroll("docs")}
+    assert remaining == set(data["ids"]) - {data["ids"][0], data["ids"][7]}
+
+
+def test_bad_vectors_rejected(store, data):
+    store.ensure_collection("docs", SPECS)
+    with pytest.raises(ValueError, match="dims"):
+        store.upsert("docs", [Point(str(uuid.uuid4()), {"full": data["full"][0][:10]}, {})])
+    with pytest.raises(ValueError, match="unknown vector"):
+        store.upsert("docs", [Point(str(uuid.uuid4()), {"nope": data["full"][0]}, {})])
+    with pytest.raises(ValueError, match="UUID"):
+        store.upsert("docs", [Point("not-a-uuid", {"full": data["full"][0]}, {})])
+    assert store.count("docs") == 0
+
+
+def test_points_may_omit_named_vectors(store, data):
+    store.ensure_collection("docs", SPECS)
+    only_full = Point(data["ids"][0], {"full": data["full"][0]}, {"doc_id": "a"})
+    both = Point(data["ids"][1], {"full": data["full"][1], "small": data["small"][1]}, {"doc_id": "b"})
+    store.upsert("docs", [only_full, both])
+    assert store.count("docs") == 2
+    assert [h.id for h in store.search("docs", "small", data["small"][0], top_k=5)] == [data["ids"][1]]
+    assert {h.id for h in store.search("docs", "full", data["full"][0], top_k=5)} == set(data["ids"][:2])
+
+
+# ---- search -------------------------------------------------------------------------
+def test_search_matches_numpy_bruteforce(readonly, data):
+    rng = np.random.default_rng(7)
+    for _ in range(15):
+        q = _unit(rng.standard_normal(FULL).astype(np.float32))
+        hits = readonly.search("docs", "full", q, top_k=10)
+        expected = _topk_cosine(data["full"], q, 10)
+        assert [h.id for h in hits] == [data["ids"][i] for i in expected]
+        np.testing.assert_allclose([h.score for h in hits], data["full"][expected] @ q, atol=1e-4)
+        assert all(h.vector_name == "full" for h in hits)
+        assert hits[0].payload == data["payloads"][expected[0]]
+
+
+def test_search_small_vector(readonly, data):
+    q = data["small"][42]
+    hits = readonly.search("docs", "small", q.tolist(), top_k=5)  # plain list works too
+    assert [h.id for h in hits] == [data["ids"][i] for i in _topk_cosine(data["small"], q, 5)]
+    assert hits[0].id == data["ids"][42]
+
+
+def test_search_with_payload_filter(readonly, data):
+    rng = np.random.default_rng(8)
+    de = np.array([i for i in range(N) if data["payloads"][i]["lang"] == "de"])
+    for _ in range(5):
+        q = _unit(rng.standard_normal(FULL).astype(np.float32))
+        hits = readonly.search("docs", "full", q, top_k=8, filter={"lang": "de"})
+        assert [h.id for h in hits] == [data["ids"][i] for i in _topk_cosine(data["full"], q, 8, de)]
+        assert all(h.payload["lang"] == "de" for h in hits)
+    # list value = any of; several fields = AND
+    docs = ["doc-001", "doc-010", "doc-020"]
+    allowed = np.array([i for i in range(N) if data["payloads"][i]["doc_id"] in docs and data["payloads"][i]["chunk"] >= 0])
+    q = data["full"][51]
+    hits = readonly.search("docs", "full", q, top_k=20, filter={"doc_id": docs, "lang": "en"})
+    allowed_en = np.array([i for i in allowed if data["payloads"][i]["lang"] == "en"])
+    assert [h.id for h in hits] == [data["ids"][i] for i in _topk_cosine(data["full"], q, 20, allowed_en)]
+    assert readonly.search("docs", "full", q, top_k=5, filter={"doc_id": "missing"}) == []
+    # int field
+    hits = readonly.search("docs", "full", q, top_k=300, filter={"chunk": 2})
+    assert len(hits) == DOCS and all(h.payload["chunk"] == 2 for h in hits)
+
+
+def test_prefetch_rescore_equals_exact_search_easy_case(readonly, data):
+    rng = np.random.default_rng(9)
+    for _ in range(5):
+        q = _unit(rng.standard_normal(FULL).astype(np.float32))
+        q_small = _unit(q[:SMALL].copy())
+        exact = readonly.search("docs", "full", q, top_k=10)
+        # candidates = every point: rescoring on "full" must give exactly the full-vector top 10
+        two_stage = readonly.search("docs", "full", q, top_k=10, prefetch=[Prefetch("small", q_small, limit=N)])
+        assert [h.id for h in two_stage] == [h.id for h in exact]
+        np.testing.assert_allclose([h.score for h in two_stage], [h.score for h in exact], atol=1e-5)
+
+
+def test_prefetch_rescores_only_the_candidates(readonly, data):
+    """limit=L: result = top-k by the full vector among the top-L by the small vector."""
+    rng = np.random.default_rng(10)
+    L = 25
+    for _ in range(5):
+        q = _unit(rng.standard_normal(FULL).astype(np.float32))
+        q_small = _unit(q[:SMALL].copy())
+        candidates = np.array(_topk_cosine(data["small"], q_small, L))
+        expected = _topk_cosine(data["full"], q, 10, candidates)
+        hits = readonly.search("docs", "full", q, top_k=10, prefetch=[Prefetch("small", q_small, limit=L)])
+        assert [h.id for h in hits] == [data["ids"][i] for i in expected]
+        np.testing.assert_allclose([h.score for h in hits], data["full"][expected] @ q, atol=1e-4)
+        # with a filter, both stages are filtered
+        de = np.array([i for i in range(N) if data["payloads"][i]["lang"] == "de"])
+        cand_de = np.array(_topk_cosine(data["small"], q_small, L, de))
+        hits = readonly.search("docs", "full", q, top_k=5, filter={"lang": "de"}, prefetch=[Prefetch("small", q_small, L)])
+        assert [h.id for h in hits] == [data["ids"][i] for i in _topk_cosine(data["full"], q, 5, cand_de)]
+
+
+def test_unknown_vector_name_in_search(readonly, data):
+    with pytest.raises(ValueError, match="nope"):
+        readonly.search("docs", "nope", data["full"][0], top_k=3)
+
+
+@pytest.mark.parametrize("datatype", ["float16", "uint8"])
+def test_datatypes(store, datatype):
+    rng = np.random.default_rng(11)
+    if datatype == "uint8":  # int8 embeddings shifted by 128, given as ints
+        vecs = (rng.integers(-128, 128, (60, 16)) + 128).astype(np.int64)
+    else:
+        vecs = _unit(rng.standard_normal((60, 16))).astype(np.float16).astype(np.float32)
+    store.ensure_collection("q", {"v": VectorSpec(16, datatype=datatype)})
+    ids = [str(uuid.uuid4()) for _ in range(60)]
+    store.upsert("q", [Point(ids[i], {"v": vecs[i].tolist()}, {"i": i}) for i in range(60)])
+    for i in (0, 17, 59):
+        hits = store.search("q", "v", vecs[i].astype(np.float32), top_k=3)
+        assert hits[0].id == ids[i]
+        normed = _unit(vecs.astype(np.float64))
+        expected = _topk_cosine(normed, normed[i], 3)
+        assert [h.id for h in hits] == [ids[j] for j in expected]
+    if datatype == "uint8":
+        with pytest.raises(ValueError, match="0..255"):
+            store.upsert("q", [Point(str(uuid.uuid4()), {"v": [256] * 16}, {})])
+        with pytest.raises(ValueError, match="0..255"):
+            store.upsert("q", [Point(str(uuid.uuid4()), {"v": [0.5] * 16}, {})])
+
+
+@pytest.mark.parametrize("quant", ["scalar", "binary"])
+def test_quantized_collection_search(store, quant):
+    rng = np.random.default_rng(12)
+    vecs = _unit(rng.standard_normal((200, 64)).astype(np.float32))
+    store.ensure_collection("q", {"v": VectorSpec(64, quantization=quant)})
+    ids = [str(uuid.uuid4()) for _ in range(200)]
+    store.upsert("q", [Point(ids[i], {"v": vecs[i]}, {}) for i in range(200)])
+    store.optimize("q")  # edge: builds the quantized segment; server/local: no-op
+    for i in (3, 150):
+        q = _unit(vecs[i] + 0.05 * rng.standard_normal(64).astype(np.float32))
+        hits = store.search("q", "v", q, top_k=5)
+        assert hits[0].id == ids[i]
+        # Scores are the exact cosine of the originals (rescored), not quantized estimates.
+        by_id = {ids[j]: float(vecs[j] @ q) for j in range(200)}
+        np.testing.assert_allclose([h.score for h in hits], [by_id[h.id] for h in hits], atol=1e-4)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        if quant == "scalar":  # int8 keeps the ranking; 1-bit codes of random 64-d data may not
+            assert [h.id for h in hits] == [ids[j] for j in _topk_cosine(vecs, q, 5)]
+
+
+# ---- aliases ------------------------------------------------------------------------
+def test_alias_set_switch_resolve(store, data):
+    store.ensure_collection("docs_v1", SPECS)
+    store.ensure_collection("docs_v2", SPECS)
+    store.upsert("docs_v1", _points(data, range(0, 10)))
+    store.upsert("docs_v2", _points(data, range(100, 130)))
+    assert store.get_alias("live") is None
+    with pytest.raises(CollectionNotFound):
+        store.resolve("live")
+
+    store.set_alias("live", "docs_v1")
+    assert store.get_alias("live") == "docs_v1"
+    assert store.resolve("live") == "docs_v1"
+    assert store.resolve("docs_v2") == "docs_v2"
+    assert store.list_aliases() == {"live": "docs_v1"}
+    assert not store.collection_exists("live")  # an alias is not a collection
+    assert store.count("live") == 10
+    q = data["full"][105]
+    assert store.search("live", "full", q, top_k=1)[0].id in data["ids"][0:10]
+    assert {p.id for p in store.scroll("live")} == set(data["ids"][0:10])
+
+    assert store.get_vector_specs("live") == SPECS
+    store.upsert("live", _points(data, range(10, 12)))  # writes through an alias reach the target
+    assert store.count("docs_v1") == 12 and store.count("docs_v2") == 30
+    store.delete_points("live", data["ids"][10:12])
+    assert store.count("live") == 10
+
+    store.set_alias("live", "docs_v2")  # atomic switch
+    assert store.resolve("live") == "docs_v2"
+    assert store.count("live") == 30
+    assert store.search("live", "full", q, top_k=1)[0].id == data["ids"][105]
+    assert {p.id for p in store.scroll("live", field="doc_id", value="doc-020")} == set(data["ids"][100:105])
+    assert store.list_aliases() == {"live": "docs_v2"}
+
+    assert store.delete_alias("live") is True
+    assert store.delete_alias("live") is False
+    with pytest.raises(CollectionNotFound):
+        store.count("live")
+
+
+def test_alias_errors(store):
+    store.ensure_collection("docs", SPECS)
+    with pytest.raises(CollectionNotFound):
+        store.set_alias("live", "missing")
+    with pytest.raises(AliasError):
+        store.set_alias("docs", "docs")  # name taken by a collection
+    store.set_alias("live", "docs")
+    with pytest.raises(AliasError):
+        store.ensure_collection("live", SPECS)
+    with pytest.raises(ValueError):
+        store.set_alias("bad name/..", "docs")
+
+
+# ---- edge specifics -----------------------------------------------------------------
+def test_edge_alias_switch_is_atomic_for_concurrent_readers(tmp_path, data):
+    store = EdgeStore(tmp_path / "edge")
+    try:
+        store.ensure_collection("a", SPECS)
+        store.ensure_collection("b", SPECS)
+        store.upsert("a", _points(data, range(0, 3)))
+        store.upsert("b", _points(data, range(3, 8)))
+        store.set_alias("live", "a")
+        targets: list[object] = []
+        counts: list[object] = []
+        stop = threading.Event()
+
+        def reader():
+            while not stop.is_set():
+                try:
+                    targets.append(store.resolve("live"))
+                    counts.append(store.count("live"))  # resolves the alias again, on its own
+                except Exception as exc:  # a missing alias would surface here
+                    targets.append(exc)
+
+        threads = [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for i in range(40):
+            store.set_alias("live", "b" if i % 2 == 0 else "a")
+        stop.set()
+        for t in threads:
+            t.join()
+        assert len(targets) > 40
+        assert set(targets) == {"a", "b"}  # always the old or the new target, never missing
+        assert set(counts) == {3, 5}
+        assert not list((tmp_path / "edge").glob(".aliases.json.*"))  # no temp files left
+    finally:
+        store.close()
+
+
+def test_edge_persists_and_locks(tmp_path, data):
+    root = tmp_path / "edge"
+    store = EdgeStore(root)
+    store.ensure_collection("docs", SPECS)
+    store.upsert("docs", _points(data, range(40)))
+    store.set_alias("live", "docs")
+    with pytest.raises(StoreLockedError):
+        EdgeStore(root)  # one owner per root
+    store.close()
+
+    reopened = EdgeStore(root)
+    try:
+        assert reopened.list_collections() == ["docs"]
+        assert reopened.resolve("live") == "docs"
+        assert reopened.count("live") == 40
+        assert reopened.get_vector_specs("docs") == SPECS
+        assert reopened.search("live", "full", data["full"][12], top_k=1)[0].id == data["ids"][12]
+        with pytest.raises(CollectionConfigMismatch):
+            reopened.ensure_collection("docs", {"full": VectorSpec(FULL)})
+    finally:
+        reopened.close()
+
+
+def test_edge_optimize_builds_index_and_keeps_results(tmp_path, data):
+    store = EdgeStore(tmp_path / "edge", indexing_threshold_kb=1)  # tiny threshold: index 300 points
+    try:
+        store.ensure_collection("docs", SPECS)
+        store.upsert("docs", _points(data))
+        q = data["full"][77]
+        before = store.search("docs", "full", q, top_k=10, filter={"lang": "en"})
+        assert store.info("docs")["indexed_vectors"] == 0  # nothing is indexed until optimize()
+        assert store.optimize("docs") is True
+        info = store.info("docs")
+        assert info["points"] == N and info["indexed_vectors"] >= N
+        after = store.search("docs", "full", q, top_k=10, filter={"lang": "en"})
+        assert [(h.id, h.payload) for h in after] == [(h.id, h.payload) for h in before]
+        assert store.count("docs") == N
+        store.delete_by_field("docs", "doc_id", "doc-015")  # still writable after optimize
+        assert store.count("docs") == N - 5
+    finally:
+        store.close()
+
+
+def test_open_store_factory(tmp_path, monkeypatch):
+    mem = open_store(":memory:", None, None)
+    assert isinstance(mem, QdrantClientStore) and mem.is_local
+    mem.close()
+    edge = open_store(None, None, str(tmp_path / "explicit"))
+    assert isinstance(edge, EdgeStore) and edge.root == (tmp_path / "explicit").resolve()
+    edge.close()
+    monkeypatch.setenv("EMBEDSTREAM_QDRANT_PATH", str(tmp_path / "from-env"))
+    edge = open_store(None, None, None)
+    assert isinstance(edge, EdgeStore) and edge.root == (tmp_path / "from-env").resolve()
+    edge.close()
+    with pytest.raises(ValueError):
+        open_store("localhost:6333", None, None)
