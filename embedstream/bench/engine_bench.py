@@ -1,0 +1,211 @@
+"""`embedstream bench engine`: the engine against sentence-transformers and naive padded batches.
+
+One run, one corpus, side by side: texts/s, real tokens/s, padding fraction, peak memory, the
+share of the machine's measured peak fp32 GEMM rate spent on useful (real-token) FLOPs, and ratios.
+Machines here are small and noisy: each method runs ``repeats`` times and the median is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+import torch
+
+from embedstream.bench.corpus import mixed_length_texts
+from embedstream.engine.engine import EmbedRequest, Engine
+
+
+@dataclass
+class MethodResult:
+    method: str
+    threads: int
+    seconds: float
+    texts: int
+    real_tokens: int
+    computed_tokens: int
+    peak_mem_mb: float
+    useful_gflops: float
+    min_cos: float | None = None
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.real_tokens / self.seconds
+
+    @property
+    def texts_per_s(self) -> float:
+        return self.texts / self.seconds
+
+
+class PeakRSS:
+    """Samples this process's resident memory in a thread; reports the peak above the start."""
+
+    def __init__(self, interval_s: float = 0.01):
+        self.interval = interval_s
+        self.proc = psutil.Process()
+        self.base = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __enter__(self) -> "PeakRSS":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def delta_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def measure_peak_gemm_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """Best observed fp32 matmul rate: the roofline the engine is compared with."""
+    torch.set_num_threads(threads)
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def _timed(fn: Callable[[], tuple[np.ndarray, int]], repeats: int) -> tuple[float, np.ndarray, int, float]:
+    """Median seconds over repeats (after a warm-up run), last output, computed tokens, peak MB."""
+    fn()  # warm-up: allocator, thread pool, caches
+    times = []
+    peak = 0.0
+    out, computed = None, 0
+    for _ in range(repeats):
+        with PeakRSS() as mem:
+            start = time.perf_counter()
+            out, computed = fn()
+            times.append(time.perf_counter() - start)
+        peak = max(peak, mem.delta_mb)
+    return statistics.median(times), out, computed, peak
+
+
+def _naive_padded(engine: Engine, texts: list[str], batch_size: int = 32) -> Callable[[], tuple[np.ndarray, int]]:
+    """Arrival-order batches of 32 padded to their longest, plain HF forward, mean pooling."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(engine.spec.path))
+    model = AutoModel.from_pretrained(str(engine.spec.path)).eval()
+
+    @torch.inference_mode()
+    def run() -> tuple[np.ndarray, int]:
+        outs, computed = [], 0
+        for i in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[i : i + batch_size], padding=True, truncation=True, max_length=engine.spec.max_tokens, return_tensors="pt")
+            computed += int(enc["input_ids"].numel())
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1)
+            outs.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+        return np.concatenate(outs), computed
+
+    return run
+
+
+def _sentence_transformers(engine: Engine, texts: list[str]) -> Callable[[], tuple[np.ndarray, int]]:
+    """sentence-transformers encode(batch_size=32): sorts by length, pads within each batch."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(engine.spec.path), device="cpu")
+    tokenizer = model.tokenizer
+    order = np.argsort([-len(t) for t in texts], kind="stable")  # what encode() does internally
+    computed = 0
+    for i in range(0, len(texts), 32):
+        batch = [texts[j] for j in order[i : i + 32]]
+        enc = tokenizer(batch, padding=True, truncation=True, max_length=model.max_seq_length)
+        computed += len(enc["input_ids"]) * len(enc["input_ids"][0])
+
+    def run() -> tuple[np.ndarray, int]:
+        return model.encode(texts, batch_size=32, convert_to_numpy=True), computed
+
+    return run
+
+
+def _embedstream(engine: Engine, texts: list[str]) -> Callable[[], tuple[np.ndarray, int]]:
+    requests = [EmbedRequest(i, t) for i, t in enumerate(texts)]
+
+    def run() -> tuple[np.ndarray, int]:
+        results, timings = engine.embed(requests)
+        return np.stack([r.vector.values for r in results]), timings.tokens
+
+    return run
+
+
+def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts: int = 1000, repeats: int = 3,
+        baselines: bool = True) -> tuple[list[MethodResult], dict]:
+    """Run every method for each thread count on one corpus; returns rows and machine facts."""
+    threads = threads or [1, 2]
+    engine = Engine.from_name(model)
+    tok = engine.tokenizer.tokenizer
+    corpus = mixed_length_texts(texts, lambda s: len(tok.encode(s).ids), engine.spec.max_tokens)
+    lengths = [len(tok.encode(t).ids) for t in corpus]
+    useful_flops = sum(n * engine.runner.flops_per_token(n) for n in lengths)
+    methods: list[tuple[str, Callable]] = [("embedstream (packed, fp32)", _embedstream(engine, corpus))]
+    if baselines:
+        methods.append(("sentence-transformers bs=32", _sentence_transformers(engine, corpus)))
+        methods.append(("naive arrival-order bs=32", _naive_padded(engine, corpus)))
+    facts = {"model": model, "path": engine.runner.describe(), "texts": len(corpus), "real_tokens": sum(lengths),
+             "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {}}
+    rows: list[MethodResult] = []
+    for n in threads:
+        torch.set_num_threads(n)
+        facts["peak_gflops"][n] = measure_peak_gemm_gflops(n)
+        reference = None
+        for name, fn in methods:
+            seconds, vectors, computed, peak = _timed(fn, repeats)
+            vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+            if reference is None:
+                reference = vectors
+            min_cos = float((vectors * reference).sum(1).min())
+            rows.append(MethodResult(name, n, seconds, len(corpus), sum(lengths), computed, peak,
+                                     useful_flops / seconds / 1e9, min_cos))
+    return rows, facts
+
+
+def print_table(rows: list[MethodResult], facts: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"model {facts['model']} via {facts['path']}; corpus {facts['texts']} texts, "
+                  f"{facts['real_tokens']} real tokens (p50 {facts['length_p50']:.0f}, max {facts['length_max']})")
+    table = Table(title="bench engine (median of repeats)")
+    for col in ("threads", "method", "texts/s", "real tok/s", "padding", "peak MB", "useful GFLOP/s",
+                "% peak GEMM", "vs sentence-tf", "vs naive", "min cos vs embedstream"):
+        table.add_column(col, justify="right" if col != "method" else "left")
+    for n in sorted({r.threads for r in rows}):
+        group = [r for r in rows if r.threads == n]
+        peak = facts["peak_gflops"][n]
+        base = {r.method.split()[0]: r.tokens_per_s for r in group}
+        for r in group:
+            table.add_row(
+                str(n), r.method, f"{r.texts_per_s:,.1f}", f"{r.tokens_per_s:,.0f}", f"{r.padding_fraction:.1%}",
+                f"{r.peak_mem_mb:,.0f}", f"{r.useful_gflops:,.1f}", f"{r.useful_gflops / peak:.0%}",
+                f"{r.tokens_per_s / base['sentence-transformers']:.2f}x" if "sentence-transformers" in base else "-",
+                f"{r.tokens_per_s / base['naive']:.2f}x" if "naive" in base else "-",
+                f"{r.min_cos:.6f}" if r.min_cos is not None else "-",
+            )
+        table.add_row(str(n), f"[dim]peak fp32 GEMM measured: {peak:,.1f} GFLOP/s[/dim]", *[""] * 9)
+    console.print(table)

@@ -1,0 +1,39 @@
+"""structlog set-up: JSON lines when stderr is not a terminal (production), pretty when it is."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_SECRET_KEYS = ("password", "api_key", "secret", "token", "sasl_plain_password")
+
+
+def _redact(_, __, event_dict: dict) -> dict:
+    """Never let a credential reach a log line, whatever a caller passed."""
+    for key in list(event_dict):
+        if any(s in key.lower() for s in _SECRET_KEYS) and key != "tokens":
+            event_dict[key] = "***"
+    return event_dict
+
+
+def configure(json: bool | None = None, level: str = "INFO") -> None:
+    json = (not sys.stderr.isatty()) if json is None else json
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _redact,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get(name: str):
+    return structlog.get_logger(name)
