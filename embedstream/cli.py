@@ -120,6 +120,31 @@ def bench_engine(
     engine_bench.print_table(rows, facts)
 
 
+worker_app = typer.Typer(no_args_is_help=True, help="Long-running Kafka workers.")
+app.add_typer(worker_app, name="worker")
+
+
+@worker_app.command("embed")
+def worker_embed(
+    lanes: str = typer.Option("online,bulk", help="online, bulk or both (each lane has its own consumer group)"),
+    model: Optional[str] = typer.Option(None, help="Model served (default: settings.default_model)"),
+    metrics_port: int = typer.Option(9400, help="Port of /metrics, /healthz, /readyz (0: off)"),
+    threads: Optional[int] = typer.Option(None, help="torch threads (one per process often wins under load)"),
+) -> None:
+    """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
+    from workers.runtime import build_embed_worker, run_until_signalled
+
+    logs.configure()
+    settings = Settings()
+    if threads:
+        settings.engine.threads = threads
+    chosen = tuple(lane.strip() for lane in lanes.split(",") if lane.strip())
+    bad = [lane for lane in chosen if lane not in ("online", "bulk")]
+    if bad or not chosen:
+        raise typer.BadParameter(f"lanes must be online and/or bulk, got {lanes!r}")
+    run_until_signalled(build_embed_worker(settings, chosen, model), metrics_port or None)
+
+
 @kafka_app.command("start")
 def kafka_start(port: int = typer.Option(9092), data_dir: Optional[str] = typer.Option(None)) -> None:
     """Resolve the broker jars (once), format KRaft storage (once) and start; returns when it answers."""

@@ -109,6 +109,9 @@ class QdrantSettings(BaseModel):
     collection: str = "docs"
     vector_datatype: Literal["float32", "float16", "uint8"] = "float32"
     quantization: Literal["none", "scalar", "binary"] = "none"
+    matryoshka_dims: list[int] = Field(
+        default_factory=list, description="Extra named vectors mrl_<d> (only sizes the model was trained for)"
+    )
 
 
 class Settings(BaseSettings):

@@ -48,3 +48,38 @@ def make_engine(path: Path, name: str = "m", **cfg) -> Engine:
     """An engine over a local folder with registry overrides (kind, pooling, matryoshka_dims, ...)."""
     settings = EngineSettings(**cfg.pop("engine", {}))
     return Engine(build_spec(name, ModelConfig(path=str(path), **cfg)), settings)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory) -> str:
+    """One real Apache Kafka broker (KRaft) for the whole test run, on a private port and data dir."""
+    from embedstream import devkafka
+
+    port = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092"))
+    data_dir = tmp_path_factory.mktemp("kafka-data")
+    info = devkafka.start(port=port, data_dir=str(data_dir))
+    yield info.bootstrap
+    devkafka.stop(port=port, data_dir=str(data_dir))
+
+
+def isolated_settings(bootstrap: str, name: str):
+    """Settings whose topics and groups belong to one test only (no cross-test interference)."""
+    import uuid
+
+    from embedstream.config import KafkaSettings, Settings
+
+    p = f"t{name}-{uuid.uuid4().hex[:6]}"
+    kafka = KafkaSettings(
+        bootstrap_servers=bootstrap,
+        topic_chunks_online=f"{p}.chunks.online",
+        topic_chunks_bulk=f"{p}.chunks.bulk",
+        topic_queries=f"{p}.queries",
+        topic_replies=f"{p}.replies",
+        topic_rerank=f"{p}.rerank",
+        topic_search=f"{p}.search",
+        topic_dead_letters=f"{p}.dlq",
+        group_online=f"{p}-online",
+        group_bulk=f"{p}-bulk",
+        group_rerank=f"{p}-rerank",
+    )
+    return Settings(kafka=kafka)

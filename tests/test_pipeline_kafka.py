@@ -1,0 +1,142 @@
+"""End to end on the real broker: producers -> embed worker -> Qdrant, request-reply, dead letters."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import isolated_settings
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from embedstream.bench.corpus import documents
+from embedstream.engine.engine import EmbedRequest
+from embedstream.vectorstore.factory import open_store
+from producers.chunker import Chunker
+from producers.publisher import ChunkPublisher, ensure_topics
+from producers.query_client import QueryClient
+from schemas import ChunkEvent, DeadLetter
+from schemas.codec import decode, encode
+from workers.runtime import build_embed_worker
+from workers.sink import point_id
+
+pytestmark = pytest.mark.kafka
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class RunningWorker:
+    def __init__(self, settings, engine, store, lanes=("online", "bulk")):
+        self.worker = build_embed_worker(settings, lanes, store=store, engine=engine)
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self.worker
+
+    def __exit__(self, *exc):
+        self.worker.stop()
+        self.thread.join(30)
+
+
+def _dead_letters(settings, expected: int, timeout_s: float = 30) -> list[DeadLetter]:
+    consumer = KafkaConsumer(**settings.kafka.client_kwargs(), auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=1000, fetch_max_wait_ms=10)
+    parts = [TopicPartition(settings.kafka.topic_dead_letters, p)
+             for p in (consumer.partitions_for_topic(settings.kafka.topic_dead_letters) or [])]
+    consumer.assign(parts)
+    consumer.seek_to_beginning()
+    letters: list[DeadLetter] = []
+    end = time.monotonic() + timeout_s
+    while len(letters) < expected and time.monotonic() < end:
+        for recs in consumer.poll(timeout_ms=200).values():
+            letters += [decode(r.value, DeadLetter) for r in recs]
+    consumer.close()
+    return letters
+
+
+def test_chunks_are_indexed_once_and_queries_answered(kafka_bootstrap, minilm_engine):
+    settings = isolated_settings(kafka_bootstrap, "e2e")
+    ensure_topics(settings.kafka, partitions=4)
+    store = open_store(":memory:", None, None)
+    chunker = Chunker(minilm_engine.tokenizer.tokenizer, minilm_engine.spec.max_tokens, chunk_tokens=120, overlap_tokens=16)
+    docs = documents(30, seed=5)
+    expected: dict[str, str] = {}
+    with ChunkPublisher(settings.kafka, lane="bulk") as pub:
+        for doc in docs:
+            for i, text in enumerate(chunker.chunk(doc["text"])):
+                expected[point_id(doc["doc_id"], i)] = text
+            pub.publish_document(doc, chunker)
+    n = len(expected)
+    assert n > 60
+    collection = settings.qdrant.collection
+    with RunningWorker(settings, minilm_engine, store):
+        _wait(lambda: store.collection_exists(collection) and store.count(collection) == n, 240, f"{n} points")
+        points = {p.id: p for p in store.scroll(collection)}
+        assert set(points) == set(expected)
+        sample = next(iter(points.values()))
+        assert {"doc_id", "chunk_id", "content_hash", "source", "n"} <= set(sample.payload)
+        assert sample.payload["text"] == expected[sample.id]
+        assert sample.payload["source"]["topic"] == settings.kafka.topic_chunks_bulk
+        # producing the same chunks again leaves exactly N points
+        with ChunkPublisher(settings.kafka, lane="online") as pub:
+            for doc in docs[:5]:
+                pub.publish_document(doc, chunker)
+        time.sleep(3)
+        assert store.count(collection) == n
+        # request-reply: the vector equals the engine's
+        with QueryClient(settings.kafka) as client:
+            reply = client.embed("how do I open a file for reading?", timeout_s=30)
+            assert reply.error is None and reply.dims == 384
+            assert {"queue_wait", "tokenize_ms", "forward_ms", "total"} <= set(reply.timings_ms)
+            (ref,), _ = minilm_engine.embed([EmbedRequest(0, "how do I open a file for reading?", prompt="query")])
+            assert float(np.dot(np.array(reply.embedding), ref.vector.values)) >= 0.9999
+            bad = client.embed("", timeout_s=30)
+            assert bad.error is not None and bad.error.code == "empty_text"
+            other = client.embed("x", model="no-such-model", timeout_s=30)
+            assert other.error.code == "unknown_model"
+
+
+def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, minilm_engine):
+    settings = isolated_settings(kafka_bootstrap, "dlq")
+    ensure_topics(settings.kafka, partitions=2)
+    store = open_store(":memory:", None, None)
+    topic = settings.kafka.topic_chunks_bulk
+    good = [ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=f"good chunk number {i} about files") for i in range(20)]
+    poison = [
+        b"{not json",
+        json.dumps({"schema_version": 9, "kind": "chunk", "doc_id": "x", "chunk_id": 0, "text": "t"}).encode(),
+        json.dumps({"schema_version": 1, "kind": "chunk", "chunk_id": 0, "text": "no doc id"}).encode(),
+        encode(ChunkEvent(doc_id="long", chunk_id=0, text="word " * 600)),
+        encode(ChunkEvent(doc_id="model", chunk_id=0, text="fine text", model="no-such-model")),
+    ]
+    producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
+    values = [encode(e) for e in good]
+    for i, bad in enumerate(poison):  # interleave poison between good events
+        values.insert(4 * i + 2, bad)
+    for v in values:
+        producer.send(topic, key=b"k", value=v)
+    producer.flush()
+    with RunningWorker(settings, minilm_engine, store, lanes=("bulk",)) as worker:
+        _wait(lambda: store.collection_exists("docs") and store.count("docs") == len(good), 120, "good events indexed")
+        letters = _dead_letters(settings, len(poison))
+        _wait(lambda: worker.offsets["bulk"].outstanding() == 0, 30, "all records finished")
+    codes = sorted(letter.error.code for letter in letters)
+    assert codes == sorted(["malformed_json", "unknown_schema_version", "invalid_event", "too_long", "unknown_model"])
+    assert all(letter.error.message for letter in letters)
+    assert {letter.raw_bytes() for letter in letters} == set(poison)
+    # everything was finished, so the group's committed offset is the log end
+    consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=settings.kafka.group_bulk, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    committed = sum((consumer.committed(TopicPartition(topic, p)) or 0) for p in consumer.partitions_for_topic(topic))
+    consumer.close()
+    assert committed == len(values)

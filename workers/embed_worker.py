@@ -1,0 +1,390 @@
+"""The embed worker's Kafka loop: lanes -> token-budget batch -> engine -> Qdrant / reply -> commit.
+
+Two lanes, each its own consumer group so they can also run as separate deployments:
+* online: online chunks and query requests. Batched first, with a short batching window.
+* bulk: bulk chunks. Only fills the token budget online work leaves, or runs when online is idle;
+  while online traffic is recent, bulk batches are capped (``bulk_slice_tokens``) so a live query
+  never waits behind a long bulk forward pass.
+Offsets are committed only after the sink write (or reply / dead letter) for every earlier
+record of the partition succeeded. Undecodable or invalid records go to the dead-letter topic with
+the reason and the loop carries on. Queues are bounded: a slow sink pauses consumption.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.structs import OffsetAndMetadata
+
+from embedstream import logs
+from embedstream.config import Settings
+from embedstream.engine.batcher import take_prefix
+from embedstream.engine.engine import EmbedRequest, Engine, Prepared, StageTimings
+from embedstream.engine.errors import EngineError
+from schemas import ChunkEvent, DeadLetter, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
+from workers.metrics import WorkerMetrics
+from workers.offsets import OffsetTracker
+from workers.sink import EmbeddedChunk, QdrantSink
+
+log = logs.get("embedstream.worker")
+
+LANES = ("online", "bulk")
+
+
+@dataclass
+class WorkItem:
+    """One decoded record waiting in a lane queue."""
+
+    lane: str
+    topic: str
+    partition: int
+    offset: int
+    handle: list
+    event: ChunkEvent | DocumentDelete | QueryRequest
+    prepared: Prepared | None
+    received: float = field(default_factory=time.perf_counter)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prepared.tokens) if self.prepared else 0
+
+
+@dataclass
+class WorkerOptions:
+    lanes: tuple[str, ...] = LANES
+    online_window_ms: float = 2.0
+    bulk_slice_tokens: int = 1024  # bulk batch cap while online traffic is recent
+    online_quiet_s: float = 1.0  # online counts as "recent" for this long after its last item
+    max_queue_tokens: int = 65536  # per lane; above it the lane's partitions are paused
+    sink_backoff_s: tuple[float, float] = (0.2, 10.0)
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{threading.get_ident()}")
+
+
+class _Revocations(ConsumerRebalanceListener):
+    """Drop queued work of partitions another worker now owns: it will be redelivered there."""
+
+    def __init__(self, worker: "EmbedWorker", lane: str):
+        self.worker, self.lane = worker, lane
+
+    def on_partitions_revoked(self, revoked):
+        self.worker._commit(self.lane)
+        self.worker._drop(self.lane, {(tp.topic, tp.partition) for tp in revoked})
+
+    def on_partitions_assigned(self, assigned):
+        log.info("partitions assigned", lane=self.lane, partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
+
+
+class EmbedWorker:
+    """Drains the chunk and query topics through one Engine into one sink."""
+
+    def __init__(self, settings: Settings, engine: Engine, sink: QdrantSink, options: WorkerOptions | None = None,
+                 metrics: WorkerMetrics | None = None):
+        self.settings = settings
+        self.kafka = settings.kafka
+        self.engine = engine
+        self.sink = sink
+        self.options = options or WorkerOptions()
+        self.metrics = metrics or WorkerMetrics()
+        self.queues: dict[str, deque[WorkItem]] = {lane: deque() for lane in self.options.lanes}
+        self.queued_tokens = {lane: 0 for lane in self.options.lanes}
+        self.offsets = {lane: OffsetTracker() for lane in self.options.lanes}
+        self.paused: dict[str, bool] = {lane: False for lane in self.options.lanes}
+        self.last_online = 0.0
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()
+        client = self.kafka.client_kwargs()
+        self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)
+        self.consumers: dict[str, KafkaConsumer] = {}
+        topics = {"online": [self.kafka.topic_chunks_online, self.kafka.topic_queries], "bulk": [self.kafka.topic_chunks_bulk]}
+        groups = {"online": self.kafka.group_online, "bulk": self.kafka.group_bulk}
+        for lane in self.options.lanes:
+            consumer = KafkaConsumer(
+                **client,
+                group_id=groups[lane],
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
+                max_poll_records=256 if lane == "online" else 2048,
+                client_id=f"embedstream-{lane}-{self.options.worker_id}",
+            )
+            consumer.subscribe(topics[lane], listener=_Revocations(self, lane))
+            self.consumers[lane] = consumer
+
+    # -- intake ---------------------------------------------------------------------------------
+    def _poll(self, lane: str, timeout_ms: int) -> int:
+        """Fetch, decode, validate and tokenise records; bad ones are dead-lettered at once."""
+        consumer = self.consumers.get(lane)
+        if consumer is None:
+            return 0
+        self._apply_backpressure(lane)
+        batches = consumer.poll(timeout_ms=timeout_ms)
+        records = [r for recs in batches.values() for r in recs]
+        if not records:
+            return 0
+        received = time.perf_counter()
+        staged: list[tuple] = []
+        for record in records:
+            handle = self.offsets[lane].track(record.topic, record.partition, record.offset)
+            try:
+                if record.topic == self.kafka.topic_queries:
+                    event = decode(record.value, QueryRequest)
+                else:
+                    event = decode(record.value, CHUNK_TOPIC_ADAPTER)
+                self._check_model(event)
+                staged.append((record, handle, event))
+            except (DecodeError, EngineError) as err:
+                self._dead_letter(record, ErrorInfo(code=err.code, message=err.message), handle, lane)
+        to_embed = [(r, h, e) for r, h, e in staged if not isinstance(e, DocumentDelete)]
+        requests = [self._request(e) for _, _, e in to_embed]
+        timings = StageTimings()
+        prepared = iter(self.engine.prepare(requests, timings) if requests else [])
+        self.metrics.observe_stage("tokenize", lane, timings.tokenize_ms)
+        for record, handle, event in staged:
+            prep = None if isinstance(event, DocumentDelete) else next(prepared)
+            if isinstance(prep, EngineError):
+                self._reject(lane, record, handle, event, prep)
+                continue
+            item = WorkItem(lane, record.topic, record.partition, record.offset, handle, event, prep, received)
+            self.queues[lane].append(item)
+            self.queued_tokens[lane] += item.tokens
+        if lane == "online":
+            self.last_online = time.monotonic()
+        self.metrics.queue_depth(lane, len(self.queues[lane]), self.queued_tokens[lane])
+        return len(records)
+
+    def _check_model(self, event) -> None:
+        model = getattr(event, "model", None)
+        if model and model != self.engine.spec.name:
+            raise EngineError("unknown_model", f"model {model!r} is not served by this worker (it serves {self.engine.spec.name!r})")
+
+    @staticmethod
+    def _request(event) -> EmbedRequest:
+        if isinstance(event, QueryRequest):
+            return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, prompt=event.prompt)
+        return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document")
+
+    def _reject(self, lane: str, record, handle, event, err: EngineError) -> None:
+        info = ErrorInfo(code=err.code, message=err.message)
+        if isinstance(event, QueryRequest):
+            self._reply(event, QueryReply(request_id=event.request_id, model=self.engine.spec.name, error=info))
+            OffsetTracker.done(handle)
+            self.metrics.errors.labels(lane=lane, code=err.code).inc()
+        else:
+            self._dead_letter(record, info, handle, lane)
+
+    def _dead_letter(self, record, error: ErrorInfo, handle, lane: str) -> None:
+        letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
+                                        error, worker=self.options.worker_id)
+        future = self.producer.send(self.kafka.topic_dead_letters, key=record.key, value=encode(letter))
+        future.add_callback(lambda _meta: OffsetTracker.done(handle))
+        future.add_errback(lambda exc: log.error("dead letter not written", error=str(exc)))
+        self.metrics.dead_letters.labels(lane=lane, code=error.code).inc()
+        log.warning("dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset,
+                    code=error.code, reason=error.message)
+
+    def _reply(self, request: QueryRequest, reply: QueryReply) -> None:
+        self.producer.send(request.reply_to, key=request.request_id.encode(), value=encode(reply))
+
+    def _apply_backpressure(self, lane: str) -> None:
+        """Pause a lane's partitions while its queue is full (bounded memory), resume when drained."""
+        consumer = self.consumers[lane]
+        full = self.queued_tokens[lane] >= self.options.max_queue_tokens
+        if full and not self.paused[lane]:
+            consumer.pause(*consumer.assignment())
+            self.paused[lane] = True
+        elif not full and self.paused[lane]:
+            consumer.resume(*consumer.paused())
+            self.paused[lane] = False
+
+    def _drop(self, lane: str, partitions: set[tuple[str, int]]) -> None:
+        kept = deque(i for i in self.queues[lane] if (i.topic, i.partition) not in partitions)
+        self.queues[lane] = kept
+        self.queued_tokens[lane] = sum(i.tokens for i in kept)
+        self.offsets[lane].forget(partitions)
+
+    # -- batch formation -----------------------------------------------------------------------
+    def _take(self, lane: str, used_tokens: int, used_requests: int, max_tokens: int) -> list[WorkItem]:
+        """FIFO prefix of a lane within the budget left; a delete is a batch of its own (ordering)."""
+        queue = self.queues[lane]
+        if not queue:
+            return []
+        if queue[0].prepared is None:
+            return [queue.popleft()] if used_requests == 0 else []
+        lengths = []
+        for item in queue:
+            if item.prepared is None:
+                break
+            lengths.append(item.tokens)
+        limits = self.engine.limits
+        budget = type(limits)(min(max_tokens, limits.max_batch_tokens), limits.max_batch_requests)
+        count = take_prefix(lengths, budget, used_tokens, used_requests)
+        if count == 0 and used_requests == 0:
+            count = 1  # an item larger than a slice still runs alone
+        taken = [queue.popleft() for _ in range(count)]
+        self.queued_tokens[lane] -= sum(i.tokens for i in taken)
+        return taken
+
+    def _next_batch(self) -> list[WorkItem]:
+        batch: list[WorkItem] = []
+        if "online" in self.queues:
+            self._await_online_window()
+            batch = self._take("online", 0, 0, self.engine.limits.max_batch_tokens)
+            if batch and batch[0].prepared is None:
+                return batch
+        if "bulk" in self.queues:
+            online_recent = "online" in self.queues and time.monotonic() - self.last_online < self.options.online_quiet_s
+            cap = self.options.bulk_slice_tokens if online_recent else self.engine.limits.max_batch_tokens
+            used = sum(i.tokens for i in batch)
+            if not batch or (self.queues["bulk"] and self.queues["bulk"][0].prepared is not None):
+                batch += self._take("bulk", used, len(batch), cap if not batch else self.engine.limits.max_batch_tokens)
+        return batch
+
+    def _await_online_window(self) -> None:
+        """Give a fresh online batch up to ``online_window_ms`` to grow (admission control)."""
+        queue = self.queues["online"]
+        if not queue:
+            return
+        deadline = queue[0].received + self.options.online_window_ms / 1000
+        while time.perf_counter() < deadline and self.queued_tokens["online"] < self.engine.limits.max_batch_tokens:
+            if not self._poll("online", 1):
+                remaining = deadline - time.perf_counter()
+                if remaining > 0:
+                    time.sleep(min(remaining, 0.0005))
+
+    # -- processing ----------------------------------------------------------------------------
+    def _process(self, batch: list[WorkItem]) -> None:
+        if batch[0].prepared is None:
+            self._with_sink_retry(lambda: self.sink.delete(batch[0].event))
+            OffsetTracker.done(batch[0].handle)
+            return
+        start = time.perf_counter()
+        now = now_ms()
+        live = []
+        for item in batch:
+            wait_ms = (start - item.received) * 1000
+            self.metrics.observe_stage("queue_wait", item.lane, wait_ms)
+            if isinstance(item.event, QueryRequest) and item.event.deadline_ms and item.event.deadline_ms < now:
+                self._reply(item.event, QueryReply(request_id=item.event.request_id, model=self.engine.spec.name,
+                                                   error=ErrorInfo(code="deadline_exceeded", message="the request's deadline passed before it was embedded")))
+                OffsetTracker.done(item.handle)
+                continue
+            live.append(item)
+        if not live:
+            return
+        timings = StageTimings()
+        vectors = self.engine.forward([i.prepared for i in live], timings)
+        lane = live[0].lane
+        self.metrics.observe_batch(lane, timings, len(live))
+        chunks, queries = [], []
+        for item, vector in zip(live, vectors):
+            (queries if isinstance(item.event, QueryRequest) else chunks).append((item, vector))
+        for item, vector in queries:
+            result = self.engine.finish(item.prepared, vector)
+            total_ms = (time.perf_counter() - item.received) * 1000
+            reply = QueryReply(
+                request_id=item.event.request_id, embedding=result.vector.to_list(), dims=int(result.vector.values.shape[0])
+                if result.vector.dtype != "binary" else int(result.vector.values.shape[0]) * 8,
+                dtype=result.vector.dtype, scale=result.vector.scale, tokens=result.tokens, truncated=result.truncated,
+                model=self.engine.spec.name,
+                timings_ms={"queue_wait": (start - item.received) * 1000, **timings.as_dict(), "total": total_ms},
+            )
+            self._reply(item.event, reply)
+            OffsetTracker.done(item.handle)
+            self.metrics.texts.labels(lane=item.lane, kind="query").inc()
+        if chunks:
+            embedded = [EmbeddedChunk(i.event, v, {"topic": i.topic, "partition": i.partition, "offset": i.offset})
+                        for i, v in chunks]
+            upsert_start = time.perf_counter()
+            self._with_sink_retry(lambda: self.sink.upsert(embedded))
+            self.metrics.observe_stage("upsert", lane, (time.perf_counter() - upsert_start) * 1000)
+            for item, _ in chunks:
+                OffsetTracker.done(item.handle)
+            self.metrics.texts.labels(lane=lane, kind="chunk").inc(len(chunks))
+
+    def _with_sink_retry(self, write) -> None:
+        """Retry a sink write with exponential backoff; consumers are paused meanwhile, nothing commits."""
+        delay, ceiling = self.options.sink_backoff_s
+        paused: list[tuple[KafkaConsumer, list]] = []
+        try:
+            while True:
+                try:
+                    write()
+                    return
+                except Exception as exc:  # noqa: BLE001 - any sink failure: back off, keep the work
+                    if self.stop_event.is_set():
+                        raise
+                    self.metrics.sink_failures.inc()
+                    log.warning("sink write failed; backing off", error=str(exc)[:300], retry_in_s=delay)
+                    if not paused:
+                        for consumer in self.consumers.values():
+                            assigned = list(consumer.assignment())
+                            consumer.pause(*assigned)
+                            paused.append((consumer, assigned))
+                    end = time.monotonic() + delay
+                    while time.monotonic() < end and not self.stop_event.is_set():
+                        for consumer, _ in paused:
+                            consumer.poll(timeout_ms=50)  # paused: keeps group membership, fetches nothing
+                    delay = min(delay * 2, ceiling)
+        finally:
+            for consumer, assigned in paused:
+                consumer.resume(*[tp for tp in assigned if tp in consumer.assignment()])
+            for lane in self.paused:
+                self.paused[lane] = False
+
+    def _commit(self, lane: str) -> None:
+        offsets = self.offsets[lane].drain()
+        if not offsets:
+            return
+        self.producer.flush()  # dead letters and replies of these records are durable first
+        consumer = self.consumers[lane]
+        owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
+        if commit:
+            consumer.commit(commit)
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run_once(self) -> int:
+        """One iteration: poll, form a batch, process it, commit. Returns items processed."""
+        busy = any(self.queues.values())
+        if "online" in self.consumers:
+            self._poll("online", 0 if busy else 20)
+        if "bulk" in self.consumers and self.queued_tokens["bulk"] < self.options.max_queue_tokens:
+            self._poll("bulk", 0 if (busy or "online" in self.consumers) else 50)
+        batch = self._next_batch()
+        if batch:
+            self._process(batch)
+        for lane in self.options.lanes:
+            self._commit(lane)
+            self.metrics.lag(lane, self.consumers[lane])
+        return len(batch)
+
+    def run(self) -> None:
+        log.info("embed worker started", lanes=list(self.options.lanes), model=self.engine.spec.name,
+                 path=self.engine.runner.describe(), max_batch_tokens=self.engine.limits.max_batch_tokens)
+        self.ready.set()
+        try:
+            while not self.stop_event.is_set():
+                self.run_once()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def close(self) -> None:
+        for lane in self.options.lanes:
+            try:
+                self._commit(lane)
+            except Exception as exc:  # noqa: BLE001 - closing: report and carry on
+                log.warning("final commit failed", lane=lane, error=str(exc))
+        for consumer in self.consumers.values():
+            consumer.close(autocommit=False)
+        self.producer.close()

@@ -1,0 +1,52 @@
+"""HTTP endpoints of a worker: /metrics (Prometheus), /healthz (loop alive), /readyz (can serve).
+
+Ready means: model loaded, broker reachable and Qdrant reachable; checks are callables so each
+worker kind supplies its own. Served from a daemon thread with the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+def serve(port: int, registry: CollectorRegistry, alive: Callable[[], bool],
+          checks: dict[str, Callable[[], bool]], host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Start the endpoints in a daemon thread; returns the server (``shutdown()`` to stop)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                ok = alive()
+                self._send(200 if ok else 503, json.dumps({"alive": ok}).encode())
+            elif self.path == "/readyz":
+                results = {}
+                for name, check in checks.items():
+                    try:
+                        results[name] = bool(check())
+                    except Exception:  # noqa: BLE001 - a failing probe means "not ready"
+                        results[name] = False
+                ok = all(results.values())
+                self._send(200 if ok else 503, json.dumps({"ready": ok, "checks": results}).encode())
+            else:
+                self._send(404, b'{"error": "not found"}')
+
+        def log_message(self, *args) -> None:  # probes are frequent: keep the logs for real events
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name=f"health-{port}").start()
+    return server

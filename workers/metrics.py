@@ -1,0 +1,71 @@
+"""Prometheus metrics of a worker: every stage timed apart, lanes and models labelled.
+
+Names follow text-embeddings-inference's spirit (queue, tokenization, inference, batch size and
+tokens) under the ``embedstream_`` prefix; the README lists them all. Each worker owns a registry
+so several workers can live in one process (tests, all-in-one deployments).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_MS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+STAGES = ("queue_wait", "tokenize", "forward", "pool", "upsert", "search", "rerank", "reply")
+
+
+class WorkerMetrics:
+    """All metrics of one worker process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, model: str = ""):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.model = model
+        self.stage = Histogram("embedstream_stage_duration_seconds", "Time spent per pipeline stage",
+                               ["stage", "lane"], buckets=_MS_BUCKETS, registry=r)
+        self.texts = Counter("embedstream_texts_total", "Texts embedded or scored", ["lane", "kind"], registry=r)
+        self.tokens = Counter("embedstream_tokens_total", "Real tokens run through the model", ["lane"], registry=r)
+        self.batch_size = Histogram("embedstream_batch_size", "Sequences per forward pass", ["lane"],
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.batch_tokens = Histogram("embedstream_batch_tokens", "Real tokens per forward pass", ["lane"],
+                                      buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768), registry=r)
+        self.padding = Gauge("embedstream_padding_fraction", "Share of computed tokens that were padding (packed path: 0)",
+                             ["lane"], registry=r)
+        self.queue_items = Gauge("embedstream_queue_items", "Records decoded and waiting for a batch", ["lane"], registry=r)
+        self.queue_tokens = Gauge("embedstream_queue_tokens", "Tokens waiting for a batch", ["lane"], registry=r)
+        self.consumer_lag = Gauge("embedstream_consumer_lag", "Records behind the log end, per lane", ["lane"], registry=r)
+        self.dead_letters = Counter("embedstream_dead_letters_total", "Records sent to the dead-letter topic",
+                                    ["lane", "code"], registry=r)
+        self.errors = Counter("embedstream_request_errors_total", "Requests answered with an error", ["lane", "code"],
+                              registry=r)
+        self.sink_failures = Counter("embedstream_sink_failures_total", "Failed sink writes (retried)", registry=r)
+
+    def observe_stage(self, stage: str, lane: str, ms: float) -> None:
+        self.stage.labels(stage=stage, lane=lane).observe(ms / 1000)
+
+    def observe_batch(self, lane: str, timings, size: int) -> None:
+        self.observe_stage("forward", lane, timings.forward_ms)
+        self.observe_stage("pool", lane, timings.pool_ms)
+        self.tokens.labels(lane=lane).inc(timings.tokens)
+        self.batch_size.labels(lane=lane).observe(size)
+        self.batch_tokens.labels(lane=lane).observe(timings.tokens)
+        self.padding.labels(lane=lane).set(0.0)
+
+    def queue_depth(self, lane: str, items: int, tokens: int) -> None:
+        self.queue_items.labels(lane=lane).set(items)
+        self.queue_tokens.labels(lane=lane).set(tokens)
+
+    def lag(self, lane: str, consumer) -> None:
+        """Consumer lag from the client's own fetch metadata (no extra broker round trip)."""
+        total = 0
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
+            if highwater is None:
+                continue
+            try:  # the client's cached position; the public position() may block on the network
+                position = consumer._subscription.assignment[tp].position
+                offset = position.offset if position is not None else None
+            except (AttributeError, KeyError):
+                offset = None
+            if offset is not None:
+                total += max(0, highwater - offset)
+        self.consumer_lag.labels(lane=lane).set(total)

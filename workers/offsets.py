@@ -1,0 +1,45 @@
+"""Which offsets may be committed: only a contiguous run of finished records per partition.
+
+A record is finished when its vector is durably in Qdrant, its reply was sent, or it went to the
+dead-letter topic. Committing the contiguous prefix means a crash can only cause redelivery (which
+the idempotent sink absorbs), never loss.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class OffsetTracker:
+    """Per (topic, partition): offsets in intake order and whether each is finished."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, int], deque[list]] = {}
+        self._committable: dict[tuple[str, int], int] = {}
+
+    def track(self, topic: str, partition: int, offset: int) -> list:
+        """Register a record at intake; returns its handle for ``done``."""
+        handle = [offset, False]
+        self._pending.setdefault((topic, partition), deque()).append(handle)
+        return handle
+
+    @staticmethod
+    def done(handle: list) -> None:
+        handle[1] = True
+
+    def drain(self) -> dict[tuple[str, int], int]:
+        """Next offsets to commit (last finished contiguous offset + 1), cleared once returned."""
+        for tp, queue in self._pending.items():
+            while queue and queue[0][1]:
+                self._committable[tp] = queue.popleft()[0] + 1
+        out, self._committable = self._committable, {}
+        return out
+
+    def forget(self, partitions: set[tuple[str, int]]) -> None:
+        """Drop state for partitions this worker no longer owns (after a rebalance)."""
+        for tp in partitions:
+            self._pending.pop(tp, None)
+            self._committable.pop(tp, None)
+
+    def outstanding(self) -> int:
+        return sum(1 for q in self._pending.values() for h in q if not h[1])

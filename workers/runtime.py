@@ -1,0 +1,57 @@
+"""Assemble a worker from settings: engine, vector store, sink, Kafka loop, health endpoints."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from embedstream import logs
+from embedstream.config import Settings
+from embedstream.engine.engine import Engine
+from embedstream.vectorstore.factory import open_store
+from workers.embed_worker import EmbedWorker, WorkerOptions
+from workers.health import serve
+from workers.metrics import WorkerMetrics
+from workers.sink import QdrantSink, SinkConfig
+
+
+def open_settings_store(settings: Settings):
+    q = settings.qdrant
+    return open_store(q.url, q.api_key.get_secret_value() if q.api_key else None, q.path)
+
+
+def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | None = None, store=None,
+                       options: WorkerOptions | None = None, engine: Engine | None = None) -> EmbedWorker:
+    engine = engine or Engine.from_name(model or settings.default_model, settings)
+    store = store if store is not None else open_settings_store(settings)
+    sink_config = SinkConfig(settings.qdrant.vector_datatype, settings.qdrant.quantization,
+                             tuple(settings.qdrant.matryoshka_dims))
+    sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config)
+    options = options or WorkerOptions(lanes=lanes, online_window_ms=settings.kafka.online_batch_window_ms)
+    return EmbedWorker(settings, engine, sink, options, WorkerMetrics(model=engine.spec.name))
+
+
+def run_until_signalled(worker: EmbedWorker, metrics_port: int | None) -> None:
+    """Serve health/metrics, stop cleanly on SIGTERM/SIGINT (final commit of finished work)."""
+    server = None
+    if metrics_port:
+        consumers = list(worker.consumers.values())
+        server = serve(
+            metrics_port,
+            worker.metrics.registry,
+            alive=lambda: thread.is_alive(),
+            checks={
+                "model": lambda: worker.ready.is_set(),
+                "broker": lambda: all(c.bootstrap_connected() for c in consumers),
+                "qdrant": lambda: worker.sink.store.list_collections() is not None,
+            },
+        )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    thread = threading.Thread(target=worker.run, name="embed-worker")
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+    if server:
+        server.shutdown()
+    logs.get("embedstream.worker").info("embed worker stopped")

@@ -1,0 +1,122 @@
+"""The Qdrant sink: embedded chunks -> points, written idempotently, deletes applied in order.
+
+Point ids are UUIDv5 of (doc_id, chunk_id), so a redelivered or re-produced chunk overwrites
+itself instead of adding a point. Named vectors: "full" plus one "mrl_<d>" per configured
+Matryoshka size. Storage forms: float32, float16, uint8 (int8 shifted by 128, per-point scale kept
+in the payload), or float32 with Qdrant's own scalar/binary quantization (rescored at search).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from embedstream.engine.model_spec import ModelSpec
+from embedstream.vectorstore.base import Point, VectorSpec, VectorStore
+from schemas import ChunkEvent, DocumentDelete
+
+POINT_NAMESPACE = uuid.UUID("6f1c3a52-5b8e-4d7e-9a57-3f1e0b2c9d10")
+FULL = "full"
+
+
+def point_id(doc_id: str, chunk_id: int) -> str:
+    """Deterministic id: the same chunk always lands on the same point."""
+    return str(uuid.uuid5(POINT_NAMESPACE, f"{doc_id}\x1f{chunk_id}"))
+
+
+def vector_name(dims: int) -> str:
+    return f"mrl_{dims}"
+
+
+@dataclass
+class SinkConfig:
+    datatype: str = "float32"  # float32 | float16 | uint8
+    quantization: str = "none"  # none | scalar | binary
+    matryoshka_dims: tuple[int, ...] = ()
+
+
+@dataclass
+class EmbeddedChunk:
+    """A chunk event with its normalised full-size vector and where it came from."""
+
+    event: ChunkEvent
+    vector: np.ndarray
+    source: dict = field(default_factory=dict)  # topic, partition, offset
+
+
+def collection_vectors(spec: ModelSpec, hidden: int, config: SinkConfig) -> dict[str, VectorSpec]:
+    """Named vectors for a model: full size plus the configured Matryoshka sizes."""
+    quant = None if config.quantization == "none" else config.quantization
+    vectors = {FULL: VectorSpec(hidden, "cosine", config.datatype, quant)}
+    for d in config.matryoshka_dims:
+        if d not in spec.matryoshka_dims:
+            raise ValueError(f"Matryoshka size {d} is not trained for model {spec.name!r} ({list(spec.matryoshka_dims)})")
+        vectors[vector_name(d)] = VectorSpec(d, "cosine", config.datatype, quant)
+    return vectors
+
+
+def _stored(vector: np.ndarray, datatype: str) -> tuple[list, float | None]:
+    if datatype == "uint8":
+        peak = float(np.max(np.abs(vector)))
+        scale = peak / 127.0 if peak > 0 else 1.0
+        return (np.clip(np.rint(vector / scale), -127, 127).astype(np.int16) + 128).tolist(), scale
+    if datatype == "float16":
+        return vector.astype(np.float16).astype(np.float32).tolist(), None
+    return vector.astype(np.float32).tolist(), None
+
+
+class QdrantSink:
+    """Writes chunk points and applies deletes; ``wait=True`` so commits follow durable writes."""
+
+    def __init__(self, store: VectorStore, spec: ModelSpec, hidden: int, default_collection: str, config: SinkConfig):
+        self.store = store
+        self.spec = spec
+        self.config = config
+        self.default_collection = default_collection
+        self.vectors = collection_vectors(spec, hidden, config)
+        self._ready: set[str] = set()
+
+    def _collection(self, name: str | None) -> str:
+        target = name or self.default_collection
+        if target not in self._ready:
+            if self.store.get_alias(target) is None:
+                self.store.ensure_collection(target, self.vectors, payload_indexes=("doc_id",))
+            self._ready.add(target)
+        return target
+
+    def to_point(self, item: EmbeddedChunk) -> Point:
+        ev = item.event
+        vectors: dict[str, list] = {}
+        payload = dict(ev.metadata)
+        full, scale = _stored(item.vector, self.config.datatype)
+        vectors[FULL] = full
+        if scale is not None:
+            payload["_scale"] = scale
+        for d in self.config.matryoshka_dims:
+            cut = item.vector[:d] / max(float(np.linalg.norm(item.vector[:d])), 1e-12)
+            vectors[vector_name(d)], cut_scale = _stored(cut, self.config.datatype)
+            if cut_scale is not None:
+                payload[f"_scale_{d}"] = cut_scale
+        payload.update(
+            doc_id=ev.doc_id, chunk_id=ev.chunk_id, content_hash=ev.content_hash, text=ev.text,
+            model=self.spec.name, source=item.source,
+        )
+        return Point(point_id(ev.doc_id, ev.chunk_id), vectors, payload)
+
+    def upsert(self, items: list[EmbeddedChunk]) -> int:
+        """Upsert per target collection; raises on failure so the caller does not commit."""
+        by_collection: dict[str, list[Point]] = {}
+        for item in items:
+            by_collection.setdefault(self._collection(item.event.collection), []).append(self.to_point(item))
+        for collection, points in by_collection.items():
+            self.store.upsert(collection, points, wait=True)
+        return len(items)
+
+    def delete(self, event: DocumentDelete) -> None:
+        collection = self._collection(event.collection)
+        if event.chunk_ids is None:
+            self.store.delete_by_field(collection, "doc_id", event.doc_id)
+        else:
+            self.store.delete_points(collection, [point_id(event.doc_id, c) for c in event.chunk_ids])
