@@ -138,10 +138,15 @@ class EmbedWorker:
                     event = decode(record.value, QueryRequest)
                 else:
                     event = decode(record.value, CHUNK_TOPIC_ADAPTER)
+            except DecodeError as err:
+                self._dead_letter(record, err.to_error_info(), handle, lane)
+                continue
+            try:
                 self._check_model(event)
-                staged.append((record, handle, event))
-            except (DecodeError, EngineError) as err:
-                self._dead_letter(record, ErrorInfo(code=err.code, message=err.message), handle, lane)
+            except EngineError as err:
+                self._reject(lane, record, handle, event, err)
+                continue
+            staged.append((record, handle, event))
         to_embed = [(r, h, e) for r, h, e in staged if not isinstance(e, DocumentDelete)]
         requests = [self._request(e) for _, _, e in to_embed]
         timings = StageTimings()
