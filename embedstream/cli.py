@@ -120,6 +120,85 @@ def bench_engine(
     engine_bench.print_table(rows, facts)
 
 
+@app.command()
+def produce(
+    path: str = typer.Argument(..., help="File, folder, JSON lines file, or - for JSON lines on stdin"),
+    lane: str = typer.Option("bulk", help="online | bulk"),
+    model: Optional[str] = typer.Option(None, help="Model whose tokenizer and limit drive chunking"),
+    chunk_tokens: int = typer.Option(200, help="Target tokens per chunk"),
+    overlap: int = typer.Option(32, help="Tokens carried over between chunks"),
+    collection: Optional[str] = typer.Option(None, help="Target collection (default: the worker's)"),
+    replace: bool = typer.Option(False, help="Delete a document's old chunks before publishing its new ones"),
+) -> None:
+    """Chunk documents by tokens and publish ChunkEvents to the lane's topic (key = doc_id)."""
+    from rich.progress import Progress
+
+    from embedstream.engine.model_spec import resolve_model
+    from producers.chunker import Chunker
+    from producers.publisher import ChunkPublisher
+    from producers.sources import DocumentSource
+
+    logs.configure()
+    if lane not in ("online", "bulk"):
+        raise typer.BadParameter("lane must be online or bulk")
+    settings = Settings()
+    spec = resolve_model(model or settings.default_model, settings.models)
+    chunker = Chunker.for_model(spec, chunk_tokens, overlap)
+    source = DocumentSource(path, stdin=sys.stdin.buffer if path == "-" else None)
+    total = 0
+    with ChunkPublisher(settings.kafka, lane=lane, collection=collection) as pub, Progress(transient=False) as bar:
+        task = bar.add_task(f"publishing to {lane}", total=None)
+        for doc in source:
+            total += pub.publish_document(doc, chunker, replace=replace)
+            bar.update(task, advance=1, description=f"{total} chunks published to {lane}")
+    for err in source.errors:
+        typer.echo(f"skipped: {err}", err=True)
+    typer.echo(f"published {total} chunks ({len(source.errors)} bad inputs skipped)")
+
+
+@app.command()
+def query(
+    text: str = typer.Argument(..., help="Query text"),
+    model: Optional[str] = typer.Option(None),
+    dimensions: Optional[int] = typer.Option(None),
+    dtype: str = typer.Option("float32"),
+    timeout: float = typer.Option(10.0, help="Seconds to wait for the reply"),
+    show: int = typer.Option(8, help="Vector components to print"),
+) -> None:
+    """Embed one query through Kafka request-reply and print the reply with its stage timings."""
+    from producers.query_client import QueryClient
+
+    logs.configure()
+    with QueryClient(Settings().kafka) as client:
+        reply = client.embed(text, model=model, dimensions=dimensions, dtype=dtype, timeout_s=timeout)
+    out = reply.model_dump()
+    if reply.embedding is not None:
+        out["embedding"] = reply.embedding[:show] + (["..."] if len(reply.embedding) > show else [])
+    typer.echo(json.dumps(out, indent=2))
+    raise typer.Exit(1 if reply.error else 0)
+
+
+@schemas_app.command("export")
+def schemas_export(directory: str = typer.Argument(..., help="Output folder for <Name>.schema.json files")) -> None:
+    """Write the JSON Schema of every wire model, for producers in other languages."""
+    from schemas.export import export_json_schemas
+
+    for path in export_json_schemas(directory):
+        typer.echo(str(path))
+
+
+@app.command()
+def demo(
+    docs: int = typer.Option(150, help="Sample documents to index"),
+    port: int = typer.Option(9092, help="Local broker port"),
+) -> None:
+    """End to end: local broker, embed worker, bulk indexing with progress, queries by request-reply."""
+    from embedstream.demo import run_demo
+
+    logs.configure(level="WARNING")
+    run_demo(docs, port)
+
+
 worker_app = typer.Typer(no_args_is_help=True, help="Long-running Kafka workers.")
 app.add_typer(worker_app, name="worker")
 
@@ -170,6 +249,15 @@ def kafka_status(port: int = typer.Option(9092), data_dir: Optional[str] = typer
     state = devkafka.status(port=port, data_dir=data_dir)
     typer.echo(json.dumps(state, indent=2, default=str))
     raise typer.Exit(0 if state.get("answering") else 3)
+
+
+def _register_plan() -> None:
+    from embedstream.plan import plan_command
+
+    app.command("plan", help="Indexing, serving and storage arithmetic fed by measured throughput.")(plan_command)
+
+
+_register_plan()
 
 
 def main() -> None:
