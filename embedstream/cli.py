@@ -224,6 +224,19 @@ def worker_embed(
     run_until_signalled(build_embed_worker(settings, chosen, model), metrics_port or None)
 
 
+@bench_app.command("pipeline")
+def bench_pipeline(
+    docs: int = typer.Option(150, help="Sample documents in the bulk backlog"),
+    queries: int = typer.Option(200, help="Round trips measured idle and under backlog"),
+    port: int = typer.Option(9092, help="Local broker port"),
+) -> None:
+    """Bulk chunks/s Kafka -> Qdrant vs the engine alone; query round trips idle and under backlog."""
+    from embedstream.bench import pipeline_bench
+
+    logs.configure(level="WARNING")
+    pipeline_bench.print_table(pipeline_bench.run(docs, queries, port))
+
+
 @kafka_app.command("start")
 def kafka_start(port: int = typer.Option(9092), data_dir: Optional[str] = typer.Option(None)) -> None:
     """Resolve the broker jars (once), format KRaft storage (once) and start; returns when it answers."""

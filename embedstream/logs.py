@@ -7,13 +7,13 @@ import sys
 
 import structlog
 
-_SECRET_KEYS = ("password", "api_key", "secret", "token", "sasl_plain_password")
+_SECRET_KEYS = ("password", "api_key", "apikey", "secret", "credential", "auth_token", "access_token")
 
 
 def _redact(_, __, event_dict: dict) -> dict:
     """Never let a credential reach a log line, whatever a caller passed."""
     for key in list(event_dict):
-        if any(s in key.lower() for s in _SECRET_KEYS) and key != "tokens":
+        if any(s in key.lower() for s in _SECRET_KEYS):
             event_dict[key] = "***"
     return event_dict
 
