@@ -1,0 +1,81 @@
+"""The Qdrant sink's point ids, storage forms and deletes; which offsets may be committed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_engine
+
+from embedstream.vectorstore.factory import open_store
+from schemas import ChunkEvent, DocumentDelete
+from workers.offsets import OffsetTracker
+from workers.sink import EmbeddedChunk, QdrantSink, SinkConfig, point_id
+
+
+def _unit(dim: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def _chunks(n: int, dim: int, doc: str = "doc") -> list[EmbeddedChunk]:
+    return [EmbeddedChunk(ChunkEvent(doc_id=doc, chunk_id=i, text=f"chunk {i}", metadata={"lang": "en"}), _unit(dim, i),
+                          {"topic": "t", "partition": 0, "offset": i}) for i in range(n)]
+
+
+def test_upsert_is_idempotent_and_payload_complete(minilm_engine):
+    store = open_store(":memory:", None, None)
+    sink = QdrantSink(store, minilm_engine.spec, 384, "docs", SinkConfig())
+    sink.upsert(_chunks(5, 384))
+    sink.upsert(_chunks(5, 384))
+    assert store.count("docs") == 5
+    points = {p.id: p for p in store.scroll("docs")}
+    assert set(points) == {point_id("doc", i) for i in range(5)}
+    p = points[point_id("doc", 3)]
+    assert p.payload["chunk_id"] == 3 and p.payload["lang"] == "en" and p.payload["source"]["offset"] == 3
+    assert len(p.payload["content_hash"]) == 64
+
+
+def test_deletes_remove_a_whole_document_or_listed_chunks(minilm_engine):
+    store = open_store(":memory:", None, None)
+    sink = QdrantSink(store, minilm_engine.spec, 384, "docs", SinkConfig())
+    sink.upsert(_chunks(4, 384, "a") + _chunks(3, 384, "b"))
+    sink.delete(DocumentDelete(doc_id="a", chunk_ids=[0, 1]))
+    assert store.count("docs") == 5
+    sink.delete(DocumentDelete(doc_id="b"))
+    assert sorted(p.payload["chunk_id"] for p in store.scroll("docs")) == [2, 3]
+
+
+def test_uint8_storage_and_matryoshka_named_vectors(tiny_bert_dir):
+    engine = make_engine(tiny_bert_dir, matryoshka_dims=[16, 8])
+    store = open_store(":memory:", None, None)
+    sink = QdrantSink(store, engine.spec, 32, "docs", SinkConfig("uint8", "none", (16,)))
+    item = _chunks(1, 32)[0]
+    point = sink.to_point(item)
+    assert set(point.vectors) == {"full", "mrl_16"}
+    full = np.array(point.vectors["full"])
+    assert full.min() >= 1 and full.max() <= 255
+    restored = (full - 128) * point.payload["_scale"]
+    assert float(np.dot(restored / np.linalg.norm(restored), item.vector)) > 0.999
+    mrl = np.array(point.vectors["mrl_16"], dtype=np.float32) - 128
+    expected = item.vector[:16] / np.linalg.norm(item.vector[:16])
+    assert float(np.dot(mrl / np.linalg.norm(mrl), expected)) > 0.999
+    with pytest.raises(ValueError, match="not trained"):
+        QdrantSink(store, engine.spec, 32, "docs", SinkConfig("float32", "none", (12,)))
+
+
+def test_only_a_contiguous_finished_prefix_is_committable():
+    tracker = OffsetTracker()
+    handles = [tracker.track("t", 0, off) for off in range(10, 15)]
+    other = tracker.track("t", 1, 7)
+    assert tracker.drain() == {}
+    OffsetTracker.done(handles[1])
+    OffsetTracker.done(handles[2])
+    assert tracker.drain() == {}  # offset 10 still in flight
+    OffsetTracker.done(handles[0])
+    assert tracker.drain() == {("t", 0): 13}
+    OffsetTracker.done(other)
+    OffsetTracker.done(handles[4])
+    assert tracker.drain() == {("t", 1): 8}
+    assert tracker.outstanding() == 1
+    tracker.forget({("t", 0)})
+    assert tracker.outstanding() == 0
