@@ -41,3 +41,25 @@ __all__ = [
     "export_json_schemas",
     "now_ms",
 ]
+
+from schemas.rerank import (  # noqa: E402 - appended: rerank and search wire models
+    RERANK_WIRE_MODELS,
+    Candidate,
+    RankedResult,
+    RerankReply,
+    RerankRequest,
+    SearchHit,
+    SearchReply,
+    SearchRequest,
+)
+
+__all__ += [
+    "RERANK_WIRE_MODELS",
+    "Candidate",
+    "RankedResult",
+    "RerankReply",
+    "RerankRequest",
+    "SearchHit",
+    "SearchReply",
+    "SearchRequest",
+]

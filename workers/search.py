@@ -1,0 +1,308 @@
+"""Retrieve -> rerank: embed the query, search Qdrant (two-stage when it pays), rerank with a cross-encoder.
+
+Placement: the query embedder is either an in-process :class:`Engine` (one process does everything)
+or a callable that asks the embed workers over Kafka (:func:`kafka_embedder`, the stages apart).
+
+Search plan per collection, read from its named vectors:
+* ``full`` only, float32/float16: one search on ``full``.
+* ``mrl_<d>`` present: prefetch ``top_k * rescore_factor`` candidates on the smallest Matryoshka
+  vector, rescore them on ``full`` inside Qdrant (one Query API call).
+* Qdrant scalar/binary quantization: the store asks Qdrant to rescore with the original vectors.
+* ``uint8`` storage (int8 shifted by 128, per-point ``_scale``): the store compares shifted
+  integers, which blurs the ranking, so ``top_k * rescore_factor`` candidates are fetched and
+  rescored here on the dequantised full vectors against the float query (exact up to int8 error).
+
+Every stage is timed (embed, search, rerank, total) and comes back in the reply.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreResult
+from embedstream.engine.errors import EngineError
+from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
+from schemas.events import ErrorInfo
+from schemas.rerank import SearchHit, SearchReply, SearchRequest
+from workers.sink import FULL, _stored
+
+Embedder = Callable[[str], np.ndarray]
+
+_HIDDEN_PAYLOAD = ("text", "doc_id", "chunk_id")
+_SPEC_TTL_S = 10.0
+
+
+class SearchError(Exception):
+    """A search that cannot be served; ``code`` goes into the error reply."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    def to_error_info(self) -> ErrorInfo:
+        return ErrorInfo(code=self.code, message=self.message)
+
+
+def engine_embedder(engine: Engine) -> Embedder:
+    """Query vectors from an in-process embed engine (the model's query prompt applied)."""
+    if engine.spec.kind != "embed":
+        raise ValueError(f"model {engine.spec.name!r} is a {engine.spec.kind} model, not an embedder")
+
+    def embed(text: str) -> np.ndarray:
+        (result,), _ = engine.embed([EmbedRequest(0, text, prompt="query")], sort_by_length=False)
+        if result.error is not None:
+            raise SearchError(result.error.code, result.error.message)
+        vector = result.full if result.full is not None else result.vector.values
+        return np.asarray(vector, dtype=np.float32)
+
+    embed.model = engine.spec.name  # type: ignore[attr-defined]
+    return embed
+
+
+def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> Embedder:
+    """Query vectors from the embed workers through request-reply (``QueryClient``)."""
+
+    def embed(text: str) -> np.ndarray:
+        try:
+            reply = client.embed(text, model=model, timeout_s=timeout_s, prompt="query")
+        except TimeoutError as exc:
+            raise SearchError("embed_timeout", str(exc)) from None
+        if reply.error is not None:
+            raise SearchError(reply.error.code, reply.error.message)
+        return np.asarray(reply.embedding, dtype=np.float32)
+
+    embed.model = model  # type: ignore[attr-defined]
+    return embed
+
+
+@dataclass
+class SearchPlan:
+    """How one collection is searched (derived from its vector specs)."""
+
+    full: VectorSpec
+    prefetch_name: str | None  # smallest mrl_<d>, if any
+    prefetch_size: int | None
+    uint8: bool
+    quantized: bool
+
+    @classmethod
+    def of(cls, collection: str, specs: dict[str, VectorSpec]) -> "SearchPlan":
+        if FULL not in specs:
+            raise SearchError(
+                "unsupported_collection",
+                f"collection {collection!r} has no {FULL!r} vector (vectors: {sorted(specs)}); it was not written by the sink",
+            )
+        mrl = sorted((s.size, n) for n, s in specs.items() if n.startswith("mrl_") and s.size < specs[FULL].size)
+        full = specs[FULL]
+        return cls(full, mrl[0][1] if mrl else None, mrl[0][0] if mrl else None, full.datatype == "uint8",
+                   full.quantization is not None)
+
+    def describe(self) -> str:
+        parts = [f"full {self.full.size}-d {self.full.datatype}"]
+        if self.prefetch_name:
+            parts.append(f"prefetch {self.prefetch_name}")
+        if self.quantized:
+            parts.append(f"{self.full.quantization} quantization (rescored by Qdrant)")
+        if self.uint8:
+            parts.append("uint8 (rescored on dequantised full vectors)")
+        return ", ".join(parts)
+
+
+@dataclass
+class Retrieved:
+    """The first half of a search: hits (best first, already top_k) and stage times."""
+
+    collection: str
+    hits: list[Hit]
+    scores: list[float]  # vector scores, aligned with hits (rescored where the plan says so)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _query_form(vector: np.ndarray, spec: VectorSpec) -> np.ndarray:
+    """The query as the store compares it: floats, or int8 shifted by 128 for uint8 storage."""
+    if spec.datatype == "uint8":
+        values, _ = _stored(vector, "uint8")
+        return np.asarray(values, dtype=np.float32)
+    return vector
+
+
+def _dequantise(stored: np.ndarray) -> np.ndarray:
+    """int8 values (scale-free: cosine only needs the direction) of a stored uint8 vector.
+
+    A Qdrant server and qdrant-edge return the integers 0..255; qdrant-client's local mode returns
+    them L2-normalised. The sink maps the largest magnitude to +-127, so the integers reach 255 or 1,
+    which fixes the lost norm: of the two candidate norms, the one giving whole numbers wins.
+    """
+    if stored.size and stored.min() >= 0 and stored.max() > 1.5 and np.all(stored == np.round(stored)):
+        return stored - 128.0
+    best, best_err = stored * 0, float("inf")
+    for norm in (255.0 / stored.max() if stored.max() > 0 else 0.0, 1.0 / stored.min() if stored.min() > 0 else 0.0):
+        if norm <= 0:
+            continue
+        ints = stored * norm
+        err = float(np.mean(np.abs(ints - np.round(ints))))
+        if err < best_err:
+            best, best_err = np.round(ints), err
+    return best - 128.0
+
+
+def _cut(vector: np.ndarray, size: int) -> np.ndarray:
+    cut = vector[:size]
+    return cut / max(float(np.linalg.norm(cut)), 1e-12)
+
+
+class Searcher:
+    """Query -> vector -> Qdrant -> (optionally) cross-encoder, with per-stage timings."""
+
+    def __init__(self, store: VectorStore, embedder: Engine | Embedder, reranker: Engine | None = None,
+                 default_collection: str = "docs", rescore_factor: int = 4):
+        self.store = store
+        self.embedder: Embedder = engine_embedder(embedder) if isinstance(embedder, Engine) else embedder
+        self.embed_model = getattr(self.embedder, "model", None)
+        if reranker is not None and reranker.spec.kind != "rerank":
+            raise ValueError(f"model {reranker.spec.name!r} is not a reranker")
+        self.reranker = reranker
+        self.default_collection = default_collection
+        self.rescore_factor = max(1, int(rescore_factor))
+        self._plans: dict[str, tuple[float, SearchPlan]] = {}
+
+    # -- checks ----------------------------------------------------------------------------
+    def plan(self, collection: str) -> SearchPlan:
+        """The collection's search plan (cached briefly: specs cost a round trip on a server)."""
+        cached = self._plans.get(collection)
+        if cached is not None and time.monotonic() - cached[0] < _SPEC_TTL_S:
+            return cached[1]
+        try:
+            specs = self.store.get_vector_specs(collection)
+        except (CollectionNotFound, KeyError):
+            raise SearchError("unknown_collection", f"no collection or alias named {collection!r}") from None
+        plan = SearchPlan.of(collection, specs)
+        self._plans[collection] = (time.monotonic(), plan)
+        return plan
+
+    def check(self, request: SearchRequest, can_rerank: bool | None = None) -> str:
+        """Refuse what cannot be served before any work; returns the collection name."""
+        if not request.query.strip():
+            raise SearchError("empty_query", "query is empty")
+        can_rerank = self.reranker is not None if can_rerank is None else can_rerank
+        if request.rerank and not can_rerank:
+            raise SearchError("rerank_unavailable", "no reranker is configured here; send rerank=false")
+        collection = request.collection or self.default_collection
+        self.plan(collection)
+        return collection
+
+    # -- stages ----------------------------------------------------------------------------
+    def retrieve(self, request: SearchRequest) -> Retrieved:
+        """Embed the query and search the store; hits are the top_k by vector score."""
+        collection = request.collection or self.default_collection
+        plan = self.plan(collection)
+        start = time.perf_counter()
+        try:
+            query = np.asarray(self.embedder(request.query), dtype=np.float32)
+        except EngineError as err:
+            raise SearchError(err.code, err.message) from None
+        embedded = time.perf_counter()
+        if query.ndim != 1 or query.shape[0] != plan.full.size:
+            raise SearchError(
+                "dimension_mismatch",
+                f"the query embedder returns {query.shape[-1]}-d vectors, collection {collection!r} holds "
+                f"{plan.full.size}-d ones (another model wrote it)",
+            )
+        query = query / max(float(np.linalg.norm(query)), 1e-12)
+        hits, scores = self._search(collection, plan, query, request.top_k, dict(request.filters) or None)
+        done = time.perf_counter()
+        return Retrieved(collection, hits, scores, {"embed": (embedded - start) * 1000, "search": (done - embedded) * 1000})
+
+    def _search(self, collection: str, plan: SearchPlan, query: np.ndarray, top_k: int,
+                filters: dict | None) -> tuple[list[Hit], list[float]]:
+        wide = top_k * self.rescore_factor
+        prefetch = None
+        if plan.prefetch_name:
+            small = _query_form(_cut(query, plan.prefetch_size), plan.full)  # same datatype as full
+            prefetch = [Prefetch(plan.prefetch_name, small, wide)]
+        limit = wide if plan.uint8 else top_k
+        hits = self.store.search(collection, FULL, _query_form(query, plan.full), limit, filter=filters,
+                                 prefetch=prefetch)
+        if plan.uint8 and hits:
+            return self._rescore_uint8(collection, hits, query, top_k)
+        return hits, [h.score for h in hits]
+
+    def _rescore_uint8(self, collection: str, hits: list[Hit], query: np.ndarray,
+                       top_k: int) -> tuple[list[Hit], list[float]]:
+        """Exact rescoring of uint8 candidates on their dequantised full vectors."""
+        doc_ids = sorted({str(h.payload.get("doc_id")) for h in hits if h.payload.get("doc_id") is not None})
+        vectors: dict[str, Any] = {}
+        if doc_ids:
+            for point in self.store.scroll(collection, "doc_id", doc_ids, with_vectors=True):
+                if FULL in point.vectors:
+                    vectors[point.id] = point.vectors[FULL]
+        rescored: list[tuple[float, int]] = []
+        for i, hit in enumerate(hits):
+            stored = vectors.get(hit.id)
+            if stored is None:  # vector not retrievable: keep the store's score
+                rescored.append((hit.score, i))
+                continue
+            values = _dequantise(np.asarray(stored, dtype=np.float64))
+            norm = float(np.linalg.norm(values))
+            rescored.append((float(values @ query) / norm if norm > 0 else 0.0, i))
+        rescored.sort(key=lambda pair: (-pair[0], pair[1]))
+        top = rescored[:top_k]
+        return [hits[i] for _, i in top], [s for s, _ in top]
+
+    @staticmethod
+    def score_requests(request: SearchRequest, retrieved: Retrieved, key: Any = None) -> list[ScoreRequest]:
+        """(query, chunk text) pairs to rerank; ids are (key, hit index). Hits without text are skipped."""
+        return [ScoreRequest((key, i), request.query, hit.payload.get("text"))
+                for i, hit in enumerate(retrieved.hits) if isinstance(hit.payload.get("text"), str)]
+
+    @staticmethod
+    def assemble(request: SearchRequest, retrieved: Retrieved, scores: dict[int, ScoreResult] | None,
+                 timings_ms: dict[str, float], reranker: str | None = None) -> SearchReply:
+        """Order hits (rerank score, then vector score), keep top_n, attach timings."""
+        rows = []
+        for i, (hit, vscore) in enumerate(zip(retrieved.hits, retrieved.scores)):
+            result = scores.get(i) if scores is not None else None
+            rscore = result.score if result is not None and result.error is None else None
+            rows.append((hit, vscore, rscore, bool(result and result.truncated), i))
+        if scores is not None:  # reranked first; hits the reranker could not score follow by vector score
+            rows.sort(key=lambda r: (r[2] is None, -(r[2] if r[2] is not None else r[1]), r[4]))
+        hits = []
+        for rank, (hit, vscore, rscore, truncated, _) in enumerate(rows[: request.top_n], 1):
+            payload = {k: v for k, v in hit.payload.items() if k not in _HIDDEN_PAYLOAD and not k.startswith("_")}
+            chunk_id = hit.payload.get("chunk_id")
+            hits.append(SearchHit(
+                id=hit.id, doc_id=None if hit.payload.get("doc_id") is None else str(hit.payload["doc_id"]),
+                chunk_id=chunk_id if isinstance(chunk_id, int) else None, text=str(hit.payload.get("text") or ""),
+                payload=payload, vector_score=float(vscore), rerank_score=rscore, rank=rank, truncated=truncated,
+            ))
+        return SearchReply(request_id=request.request_id, hits=hits, timings_ms=timings_ms,
+                           collection=retrieved.collection, model=reranker if scores is not None else None)
+
+    # -- whole path (in-process) -------------------------------------------------------------
+    def search(self, request: SearchRequest) -> SearchReply:
+        """Embed, search, rerank, in this process; an unservable request gives an error reply."""
+        start = time.perf_counter()
+        try:
+            self.check(request)
+            retrieved = self.retrieve(request)
+        except SearchError as err:
+            total = (time.perf_counter() - start) * 1000
+            return SearchReply(request_id=request.request_id, error=err.to_error_info(),
+                               timings_ms={"queue_wait": 0.0, "total": total})
+        timings = {"queue_wait": 0.0, **retrieved.timings_ms, "rerank": 0.0}
+        scores = None
+        if request.rerank and self.reranker is not None:
+            rerank_start = time.perf_counter()
+            pairs = self.score_requests(request, retrieved)
+            results, _ = self.reranker.score(pairs) if pairs else ([], None)
+            scores = {r.id[1]: r for r in results}
+            timings["rerank"] = (time.perf_counter() - rerank_start) * 1000
+        timings["total"] = (time.perf_counter() - start) * 1000
+        return self.assemble(request, retrieved, scores, timings,
+                             self.reranker.spec.name if self.reranker is not None else None)
