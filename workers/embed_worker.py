@@ -360,9 +360,9 @@ class EmbedWorker:
         """One iteration: poll, form a batch, process it, commit. Returns items processed."""
         busy = any(self.queues.values())
         if "online" in self.consumers:
-            self._poll("online", 0 if busy else 20)
+            self._poll("online", self._timeout("online", 0 if busy else 20))
         if "bulk" in self.consumers and self.queued_tokens["bulk"] < self.options.max_queue_tokens:
-            self._poll("bulk", 0 if (busy or "online" in self.consumers) else 50)
+            self._poll("bulk", self._timeout("bulk", 0 if (busy or "online" in self.consumers) else 50))
         batch = self._next_batch()
         if batch:
             self._process(batch)
@@ -370,6 +370,10 @@ class EmbedWorker:
             self._commit(lane)
             self.metrics.lag(lane, self.consumers[lane])
         return len(batch)
+
+    def _timeout(self, lane: str, wanted_ms: int) -> int:
+        """A consumer still joining its group needs blocking polls to finish the join."""
+        return wanted_ms if self.consumers[lane].assignment() else max(wanted_ms, 100)
 
     def run(self) -> None:
         log.info("embed worker started", lanes=list(self.options.lanes), model=self.engine.spec.name,
