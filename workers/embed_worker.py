@@ -345,10 +345,10 @@ class EmbedWorker:
                 self.paused[lane] = False
 
     def _commit(self, lane: str) -> None:
+        self.producer.flush()  # dead letters and replies are acknowledged (and marked done) first
         offsets = self.offsets[lane].drain()
         if not offsets:
             return
-        self.producer.flush()  # dead letters and replies of these records are durable first
         consumer = self.consumers[lane]
         owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
         commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
