@@ -87,9 +87,9 @@ def measure_peak_gemm_gflops(threads: int, size: int = 2048, repeats: int = 5) -
     return 2 * size**3 / best / 1e9
 
 
-def _timed(fn: Callable[[], tuple[np.ndarray, int]], repeats: int) -> tuple[float, np.ndarray, int, float]:
-    """Median seconds over repeats (after a warm-up run), last output, computed tokens, peak MB."""
-    fn()  # warm-up: allocator, thread pool, caches
+def _timed(fn: Callable[[], tuple[np.ndarray, int]], repeats: int, warm) -> tuple[float, np.ndarray, int, float]:
+    """Median seconds over repeats (after a short warm-up), last output, computed tokens, peak MB."""
+    warm()  # allocator, thread pool, caches: a small slice is enough
     times = []
     peak = 0.0
     out, computed = None, 0
@@ -102,7 +102,7 @@ def _timed(fn: Callable[[], tuple[np.ndarray, int]], repeats: int) -> tuple[floa
     return statistics.median(times), out, computed, peak
 
 
-def _naive_padded(engine: Engine, texts: list[str], batch_size: int = 32) -> Callable[[], tuple[np.ndarray, int]]:
+def _naive_padded(engine: Engine, batch_size: int = 32) -> Callable[[list[str]], tuple[np.ndarray, int]]:
     """Arrival-order batches of 32 padded to their longest, plain HF forward, mean pooling."""
     from transformers import AutoModel, AutoTokenizer
 
@@ -110,10 +110,11 @@ def _naive_padded(engine: Engine, texts: list[str], batch_size: int = 32) -> Cal
     model = AutoModel.from_pretrained(str(engine.spec.path)).eval()
 
     @torch.inference_mode()
-    def run() -> tuple[np.ndarray, int]:
+    def run(texts: list[str]) -> tuple[np.ndarray, int]:
         outs, computed = [], 0
         for i in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[i : i + batch_size], padding=True, truncation=True, max_length=engine.spec.max_tokens, return_tensors="pt")
+            enc = tokenizer(texts[i : i + batch_size], padding=True, truncation=True,
+                            max_length=engine.spec.max_tokens, return_tensors="pt")
             computed += int(enc["input_ids"].numel())
             hidden = model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).float()
@@ -124,36 +125,32 @@ def _naive_padded(engine: Engine, texts: list[str], batch_size: int = 32) -> Cal
     return run
 
 
-def _sentence_transformers(engine: Engine, texts: list[str]) -> Callable[[], tuple[np.ndarray, int]]:
+def _sentence_transformers(engine: Engine) -> Callable[[list[str]], tuple[np.ndarray, int]]:
     """sentence-transformers encode(batch_size=32): sorts by length, pads within each batch."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(engine.spec.path), device="cpu")
-    tokenizer = model.tokenizer
-    order = np.argsort([-len(t) for t in texts], kind="stable")  # what encode() does internally
-    computed = 0
-    for i in range(0, len(texts), 32):
-        batch = [texts[j] for j in order[i : i + 32]]
-        enc = tokenizer(batch, padding=True, truncation=True, max_length=model.max_seq_length)
-        computed += len(enc["input_ids"]) * len(enc["input_ids"][0])
 
-    def run() -> tuple[np.ndarray, int]:
-        return model.encode(texts, batch_size=32, convert_to_numpy=True), computed
+    def computed_tokens(texts: list[str]) -> int:
+        """Positions encode() computes: it sorts by length and pads each batch of 32 to its longest."""
+        lengths = sorted((len(ids) for ids in model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]), reverse=True)
+        return sum(len(lengths[i : i + 32]) * lengths[i] for i in range(0, len(lengths), 32))
+
+    def run(texts: list[str]) -> tuple[np.ndarray, int]:
+        return model.encode(texts, batch_size=32, convert_to_numpy=True), computed_tokens(texts)
 
     return run
 
 
-def _embedstream(engine: Engine, texts: list[str]) -> Callable[[], tuple[np.ndarray, int]]:
-    requests = [EmbedRequest(i, t) for i, t in enumerate(texts)]
-
-    def run() -> tuple[np.ndarray, int]:
-        results, timings = engine.embed(requests)
+def _embedstream(engine: Engine) -> Callable[[list[str]], tuple[np.ndarray, int]]:
+    def run(texts: list[str]) -> tuple[np.ndarray, int]:
+        results, timings = engine.embed([EmbedRequest(i, t) for i, t in enumerate(texts)])
         return np.stack([r.vector.values for r in results]), timings.tokens
 
     return run
 
 
-def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts: int = 1000, repeats: int = 3,
+def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts: int = 600, repeats: int = 1,
         baselines: bool = True) -> tuple[list[MethodResult], dict]:
     """Run every method for each thread count on one corpus; returns rows and machine facts."""
     threads = threads or [1, 2]
@@ -162,10 +159,10 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
     corpus = mixed_length_texts(texts, lambda s: len(tok.encode(s).ids), engine.spec.max_tokens)
     lengths = [len(tok.encode(t).ids) for t in corpus]
     useful_flops = sum(n * engine.runner.flops_per_token(n) for n in lengths)
-    methods: list[tuple[str, Callable]] = [("embedstream (packed, fp32)", _embedstream(engine, corpus))]
+    methods: list[tuple[str, Callable]] = [("embedstream (packed, fp32)", _embedstream(engine))]
     if baselines:
-        methods.append(("sentence-transformers bs=32", _sentence_transformers(engine, corpus)))
-        methods.append(("naive arrival-order bs=32", _naive_padded(engine, corpus)))
+        methods.append(("sentence-transformers bs=32", _sentence_transformers(engine)))
+        methods.append(("naive arrival-order bs=32", _naive_padded(engine)))
     facts = {"model": model, "path": engine.runner.describe(), "texts": len(corpus), "real_tokens": sum(lengths),
              "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {}}
     rows: list[MethodResult] = []
@@ -174,7 +171,7 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
         facts["peak_gflops"][n] = measure_peak_gemm_gflops(n)
         reference = None
         for name, fn in methods:
-            seconds, vectors, computed, peak = _timed(fn, repeats)
+            seconds, vectors, computed, peak = _timed(lambda: fn(corpus), repeats, lambda: fn(corpus[:64]))
             vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
             if reference is None:
                 reference = vectors
