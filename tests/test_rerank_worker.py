@@ -15,9 +15,9 @@ from embedstream.vectorstore.factory import open_store
 from producers.publisher import ensure_topics
 from producers.query_client import QueryClient
 from schemas import ChunkEvent, DeadLetter
-from schemas.codec import decode, encode
+from schemas.codec import decode
 from schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
-from workers.rerank_worker import RerankOptions, RerankWorker
+from workers.rerank_worker import RerankOptions, RerankWorker, broker_reachable
 from workers.search import Searcher
 from workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
@@ -94,6 +94,7 @@ def test_rerank_scores_match_cross_encoder_and_requests_share_a_pass(kafka_boots
         assert [r.id for r in reply.results if r.truncated] == ["long"]  # cut to fit the model, flagged
         assert {"queue_wait", "tokenize", "rerank", "total"} <= set(reply.timings_ms)
         assert reply.timings_ms["rerank"] > 0 and reply.timings_ms["total"] >= reply.timings_ms["rerank"]
+        assert broker_reachable(worker.consumer)  # what /readyz reports as "broker"
 
         top = _ask(client, settings, _request(client, query, cands, top_n=5))
         assert [r.id for r in top.results] == [r.id for r in reply.results[:5]]

@@ -228,3 +228,12 @@ def test_dequantise_recovers_int8_from_both_stored_forms():
         ints = np.asarray(ints, dtype=np.float64)
         np.testing.assert_array_equal(_dequantise(ints), ints - 128)  # server / edge: integers
         np.testing.assert_allclose(_dequantise(ints / np.linalg.norm(ints)), ints - 128)  # local mode: normalised
+
+
+def test_cli_filters_parse_to_store_filters():
+    from embedstream.rerank_cli import parse_filters
+
+    assert parse_filters(["lang=en", "year=2024", "tag=a", "tag=b", "ok=true", "v=1.5"]) == {
+        "lang": "en", "year": 2024, "tag": ["a", "b"], "ok": True, "v": 1.5}
+    with pytest.raises(Exception, match="field=value"):
+        parse_filters(["novalue"])

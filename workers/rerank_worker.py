@@ -286,9 +286,11 @@ class RerankWorker:
             pass_start = time.perf_counter()
             try:
                 scored, timings = self.engine.score(pairs)
-            except EngineError as err:
+            except Exception as exc:  # noqa: BLE001 - a failed pass fails its requests, not the worker
+                code, message = (exc.code, exc.message) if isinstance(exc, EngineError) else ("internal_error", str(exc)[:500])
+                log.error("rerank pass failed", error=message, requests=len(served), pairs=len(pairs))
                 for pos in served:
-                    self._reject(live[pos].lane, live[pos].request, live[pos].handle, err.code, err.message)
+                    self._reject(live[pos].lane, live[pos].request, live[pos].handle, code, message)
                 return
             rerank_ms = (time.perf_counter() - pass_start) * 1000
             for result in scored:
@@ -423,7 +425,7 @@ def run_until_signalled(worker: RerankWorker, metrics_port: int | None, host: st
     if metrics_port:
         checks = {
             "model": lambda: worker.ready.is_set(),
-            "broker": lambda: worker.consumer.bootstrap_connected(),
+            "broker": lambda: broker_reachable(worker.consumer),
         }
         if worker.searcher is not None:
             checks["qdrant"] = lambda: worker.searcher.store.list_collections() is not None
@@ -435,4 +437,20 @@ def run_until_signalled(worker: RerankWorker, metrics_port: int | None, host: st
         thread.join(0.5)
     if server:
         server.shutdown()
+    if worker.searcher is not None:
+        worker.searcher.store.close()
     log.info("rerank worker stopped")
+
+
+def broker_reachable(consumer) -> bool:
+    """True while the client holds a connection to some broker.
+
+    kafka-python 3's ``bootstrap_connected()`` is only true while bootstrapping is in progress, so
+    after start-up it reads False even on a healthy client; look at the broker connections instead.
+    """
+    try:
+        client = consumer._client  # the public API has no "connected to the cluster" question
+        brokers = client.cluster.brokers()
+        return any(client.connected(getattr(b, "node_id", None) if hasattr(b, "node_id") else b.nodeId) for b in brokers)
+    except Exception:  # noqa: BLE001 - another client version: fall back to the public call
+        return bool(consumer.bootstrap_connected())
