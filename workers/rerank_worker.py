@@ -345,10 +345,10 @@ class RerankWorker:
         self._reply(request, reply)
 
     def _commit(self) -> None:
+        self.producer.flush()  # replies and dead letters are acknowledged (dead letters marked done) first
         offsets = self.offsets.drain()
         if not offsets:
             return
-        self.producer.flush()  # replies and dead letters of these records are durable first
         owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
         commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
         if commit:
