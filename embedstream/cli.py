@@ -273,6 +273,15 @@ def _register_plan() -> None:
 _register_plan()
 
 
+def _register_rerank() -> None:
+    from embedstream import rerank_cli
+
+    rerank_cli.register(app, bench_app, worker_app)
+
+
+_register_rerank()
+
+
 def main() -> None:
     app()
 

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import CHUNK_TOPIC_ADAPTER, WIRE_MODELS
+from schemas.rerank import RERANK_WIRE_MODELS
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """Name -> JSON Schema (validation mode: what a consumer accepts) of every wire model and the chunk-topic union."""
-    schemas: dict[str, dict[str, Any]] = {model.__name__: model.model_json_schema() for model in WIRE_MODELS}
+    schemas: dict[str, dict[str, Any]] = {model.__name__: model.model_json_schema() for model in (*WIRE_MODELS, *RERANK_WIRE_MODELS)}
     schemas["ChunkTopicEvent"] = {"title": "ChunkTopicEvent", **CHUNK_TOPIC_ADAPTER.json_schema()}
     return {name: {"$schema": SCHEMA_DIALECT, **schema} for name, schema in schemas.items()}
 

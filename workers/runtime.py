@@ -12,6 +12,7 @@ from embedstream.vectorstore.factory import open_store
 from workers.embed_worker import EmbedWorker, WorkerOptions
 from workers.health import serve
 from workers.metrics import WorkerMetrics
+from workers.rerank_worker import broker_reachable
 from workers.sink import QdrantSink, SinkConfig
 
 
@@ -42,7 +43,7 @@ def run_until_signalled(worker: EmbedWorker, metrics_port: int | None) -> None:
             alive=lambda: thread.is_alive(),
             checks={
                 "model": lambda: worker.ready.is_set(),
-                "broker": lambda: all(c.bootstrap_connected() for c in consumers),
+                "broker": lambda: all(broker_reachable(c) for c in consumers),
                 "qdrant": lambda: worker.sink.store.list_collections() is not None,
             },
         )
