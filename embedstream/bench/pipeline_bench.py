@@ -98,6 +98,7 @@ def run(docs: int = 400, queries: int = 200, port: int = 9092) -> dict:
     chunker = Chunker.for_model(engine.spec, chunk_tokens=200, overlap_tokens=24)
     corpus = documents(docs, seed=21)
     texts = [t for d in corpus for t in chunker.chunk(d["text"])]
+    queries_text = [" ".join(t.split()[:12]) for t in texts[:50]]  # query-sized: ~12 words, 15-25 tokens
     out: dict = {"chunks": len(texts), "real_tokens": 0}
 
     # 1. engine alone, one thread (as each worker process runs)
@@ -121,12 +122,12 @@ def run(docs: int = 400, queries: int = 200, port: int = 9092) -> dict:
         _wait_ready(store_dir, ["bulk", "online"])
         with QueryClient(k) as client:
             _round_trips(client, ["warm up the online worker"], 5)
-            idle = _round_trips(client, texts[:50], queries)
+            idle = _round_trips(client, queries_text, queries)
             # 2. bulk backlog end to end, queries measured while it drains
             start = time.perf_counter()
             with ChunkPublisher(k, lane="bulk") as pub:
                 total = pub.publish_documents(corpus, chunker)
-            busy = _round_trips(client, texts[:50], queries)
+            busy = _round_trips(client, queries_text, queries)
             out["busy_drained_during_queries"] = True
         # wait for the backlog: the bulk worker commits only after upserts, so lag 0 == all points in
         from kafka import KafkaConsumer, TopicPartition
