@@ -5,8 +5,9 @@ In one run on the local broker:
 2. bulk chunks/s end to end (publish a backlog, time until every point is in the store) and its
    ratio to (1),
 3. query round-trip p50/p95 with the workers idle, and while a saturating bulk backlog drains.
-Workers run as separate processes per lane (the seeds' "separate deployments"), one torch
-thread each, so bulk work cannot occupy the cores a live query needs.
+Workers run as separate processes per lane (the seeds' "separate deployments"): the bulk worker
+with one torch thread at a lower CPU priority (nice), the online worker with more threads, so
+bulk work cannot hold the cores a live query needs.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ def _env(settings: Settings, prefix: str, store_url: str | None, collection: str
     return env
 
 
-def _worker(lanes: str, env: dict, log_dir: str) -> subprocess.Popen:
+def _worker(lanes: str, env: dict, log_dir: str, nice: int = 0) -> subprocess.Popen:
+    """A worker process; ``nice`` lowers a bulk deployment's CPU priority below the online one."""
     log = open(os.path.join(log_dir, f"worker-{lanes}.log"), "wb")  # a file, not a pipe: never blocks the worker
-    return subprocess.Popen([sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", lanes,
+    prefix = ["nice", "-n", str(nice)] if nice else []
+    return subprocess.Popen([*prefix, sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", lanes,
                              "--metrics-port", "0"], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -85,7 +88,7 @@ def _round_trips(client: QueryClient, texts: list[str], count: int) -> list[floa
     return times
 
 
-def run(docs: int = 400, queries: int = 200, port: int = 9092) -> dict:
+def run(docs: int = 400, queries: int = 200, port: int = 9092, online_threads: int = 2, bulk_nice: int = 10) -> dict:
     info = devkafka.start(port=port)
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     settings = Settings()
@@ -99,7 +102,7 @@ def run(docs: int = 400, queries: int = 200, port: int = 9092) -> dict:
     corpus = documents(docs, seed=21)
     texts = [t for d in corpus for t in chunker.chunk(d["text"])]
     queries_text = [" ".join(t.split()[:12]) for t in texts[:50]]  # query-sized: ~12 words, 15-25 tokens
-    out: dict = {"chunks": len(texts), "real_tokens": 0}
+    out: dict = {"chunks": len(texts), "real_tokens": 0, "online_threads": online_threads, "bulk_nice": bulk_nice}
 
     # 1. engine alone, one thread (as each worker process runs)
     import torch
@@ -115,8 +118,8 @@ def run(docs: int = 400, queries: int = 200, port: int = 9092) -> dict:
 
     store_dir = tempfile.mkdtemp(prefix="embedstream-bench-")
     bulk_env = _env(settings, prefix, os.path.join(store_dir, "bulk"), "bench", 1)
-    online_env = _env(settings, prefix, os.path.join(store_dir, "online"), "bench-online", 1)
-    procs = [_worker("bulk", bulk_env, store_dir), _worker("online", online_env, store_dir)]
+    online_env = _env(settings, prefix, os.path.join(store_dir, "online"), "bench-online", online_threads)
+    procs = [_worker("bulk", bulk_env, store_dir, nice=bulk_nice), _worker("online", online_env, store_dir)]
     out["logs"] = store_dir
     try:
         _wait_ready(store_dir, ["bulk", "online"])
@@ -158,7 +161,8 @@ def print_table(out: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"bench pipeline: {out['chunks']} chunks, {out['real_tokens']} real tokens")
+    table = Table(title=f"bench pipeline: {out['chunks']} chunks, {out['real_tokens']} real tokens; bulk worker "
+                        f"1 thread at nice {out['bulk_nice']}, online worker {out['online_threads']} threads")
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_column("target", justify="right")
