@@ -229,8 +229,8 @@ def bench_pipeline(
     docs: int = typer.Option(150, help="Sample documents in the bulk backlog"),
     queries: int = typer.Option(200, help="Round trips measured idle and under backlog"),
     port: int = typer.Option(9092, help="Local broker port"),
-    online_threads: int = typer.Option(2, help="torch threads of the online worker process"),
-    bulk_nice: int = typer.Option(10, help="CPU niceness of the bulk worker process (0: same priority)"),
+    online_threads: int = typer.Option(1, help="torch threads of the online worker process"),
+    bulk_nice: int = typer.Option(0, help="CPU niceness of the bulk worker process (0: same priority)"),
 ) -> None:
     """Bulk chunks/s Kafka -> Qdrant vs the engine alone; query round trips idle and under backlog."""
     from embedstream.bench import pipeline_bench

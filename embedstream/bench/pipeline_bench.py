@@ -88,7 +88,7 @@ def _round_trips(client: QueryClient, texts: list[str], count: int) -> list[floa
     return times
 
 
-def run(docs: int = 400, queries: int = 200, port: int = 9092, online_threads: int = 2, bulk_nice: int = 10) -> dict:
+def run(docs: int = 400, queries: int = 200, port: int = 9092, online_threads: int = 1, bulk_nice: int = 0) -> dict:
     info = devkafka.start(port=port)
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     settings = Settings()
