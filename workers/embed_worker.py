@@ -27,9 +27,10 @@ from embedstream.config import Settings
 from embedstream.engine.batcher import take_prefix
 from embedstream.engine.engine import EmbedRequest, Engine, Prepared, StageTimings
 from embedstream.engine.errors import EngineError
-from schemas import ChunkEvent, DeadLetter, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
-from schemas.codec import DecodeError, decode, encode
+from schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
+from schemas.codec import DecodeError, decode
 from schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
+from workers.kafka_io import send_dead_letter, send_reply
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.sink import EmbeddedChunk, QdrantSink
@@ -186,17 +187,11 @@ class EmbedWorker:
             self._dead_letter(record, info, handle, lane)
 
     def _dead_letter(self, record, error: ErrorInfo, handle, lane: str) -> None:
-        letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
-                                        error, worker=self.options.worker_id)
-        future = self.producer.send(self.kafka.topic_dead_letters, key=record.key, value=encode(letter))
-        future.add_callback(lambda _meta: OffsetTracker.done(handle))
-        future.add_errback(lambda exc: log.error("dead letter not written", error=str(exc)))
-        self.metrics.dead_letters.labels(lane=lane, code=error.code).inc()
-        log.warning("dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset,
-                    code=error.code, reason=error.message)
+        send_dead_letter(self.producer, self.kafka.topic_dead_letters, record, error, handle,
+                         self.options.worker_id, self.metrics, lane)
 
     def _reply(self, request: QueryRequest, reply: QueryReply) -> None:
-        self.producer.send(request.reply_to, key=request.request_id.encode(), value=encode(reply))
+        send_reply(self.producer, request, reply)
 
     def _apply_backpressure(self, lane: str) -> None:
         """Pause a lane's partitions while its queue is full (bounded memory), resume when drained."""

@@ -16,7 +16,6 @@ embed, retrieve from Qdrant, then rerank) with the ``group_rerank`` consumer gro
 
 from __future__ import annotations
 
-import signal
 import socket
 import threading
 import time
@@ -32,10 +31,12 @@ from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine, ScoreRequest, ScoreResult, StageTimings
 from embedstream.engine.errors import EngineError
-from schemas import DeadLetter, ErrorInfo
-from schemas.codec import DecodeError, decode, encode
+from schemas import ErrorInfo
+from schemas.codec import DecodeError, decode
 from schemas.events import now_ms
 from schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
+from workers import kafka_io
+from workers.kafka_io import broker_reachable, send_dead_letter, send_reply
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.search import Retrieved, Searcher, SearchError
@@ -192,17 +193,11 @@ class RerankWorker:
         self.metrics.errors.labels(lane=lane, code=code).inc()
 
     def _dead_letter(self, record, error: ErrorInfo, handle, lane: str) -> None:
-        letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
-                                        error, worker=self.options.worker_id)
-        future = self.producer.send(self.kafka.topic_dead_letters, key=record.key, value=encode(letter))
-        future.add_callback(lambda _meta: OffsetTracker.done(handle))
-        future.add_errback(lambda exc: log.error("dead letter not written", error=str(exc)))
-        self.metrics.dead_letters.labels(lane=lane, code=error.code).inc()
-        log.warning("dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset,
-                    code=error.code, reason=error.message)
+        send_dead_letter(self.producer, self.kafka.topic_dead_letters, record, error, handle,
+                         self.options.worker_id, self.metrics, lane)
 
     def _reply(self, request, reply) -> None:
-        self.producer.send(request.reply_to, key=request.request_id.encode(), value=encode(reply))
+        send_reply(self.producer, request, reply)
 
     def _apply_backpressure(self) -> None:
         full = len(self.queue) >= self.options.max_queue_requests
@@ -417,40 +412,10 @@ def build_rerank_worker(settings: Settings, model: str, embed_model: str | None 
 
 
 def run_until_signalled(worker: RerankWorker, metrics_port: int | None, host: str = "0.0.0.0") -> None:
-    """Serve /healthz /readyz /metrics, stop cleanly on SIGTERM/SIGINT (final commit of finished work)."""
-    from workers.health import serve
-
-    server = None
-    thread = threading.Thread(target=worker.run, name="rerank-worker")
-    if metrics_port:
-        checks = {
-            "model": lambda: worker.ready.is_set(),
-            "broker": lambda: broker_reachable(worker.consumer),
-        }
-        if worker.searcher is not None:
-            checks["qdrant"] = lambda: worker.searcher.store.list_collections() is not None
-        server = serve(metrics_port, worker.metrics.registry, alive=lambda: thread.is_alive(), checks=checks, host=host)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop())
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.5)
-    if server:
-        server.shutdown()
+    """Serve /healthz /readyz /metrics and run until SIGTERM/SIGINT; close the store afterwards."""
+    checks = {"broker": lambda: broker_reachable(worker.consumer)}
+    if worker.searcher is not None:
+        checks["qdrant"] = lambda: worker.searcher.store.list_collections() is not None
+    kafka_io.run_until_signalled(worker, metrics_port, checks, "rerank worker", host)
     if worker.searcher is not None:
         worker.searcher.store.close()
-    log.info("rerank worker stopped")
-
-
-def broker_reachable(consumer) -> bool:
-    """True while the client holds a connection to some broker.
-
-    kafka-python 3's ``bootstrap_connected()`` is only true while bootstrapping is in progress, so
-    after start-up it reads False even on a healthy client; look at the broker connections instead.
-    """
-    try:
-        client = consumer._client  # the public API has no "connected to the cluster" question
-        brokers = client.cluster.brokers()
-        return any(client.connected(getattr(b, "node_id", None) if hasattr(b, "node_id") else b.nodeId) for b in brokers)
-    except Exception:  # noqa: BLE001 - another client version: fall back to the public call
-        return bool(consumer.bootstrap_connected())

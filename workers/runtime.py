@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-
-from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
 from embedstream.vectorstore.factory import open_store
 from workers.embed_worker import EmbedWorker, WorkerOptions
-from workers.health import serve
+from workers.kafka_io import broker_reachable
+from workers.kafka_io import run_until_signalled as run_until_signalled_generic
 from workers.metrics import WorkerMetrics
-from workers.rerank_worker import broker_reachable
 from workers.sink import QdrantSink, SinkConfig
 
 
@@ -34,25 +30,9 @@ def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | 
 
 def run_until_signalled(worker: EmbedWorker, metrics_port: int | None) -> None:
     """Serve health/metrics, stop cleanly on SIGTERM/SIGINT (final commit of finished work)."""
-    server = None
-    if metrics_port:
-        consumers = list(worker.consumers.values())
-        server = serve(
-            metrics_port,
-            worker.metrics.registry,
-            alive=lambda: thread.is_alive(),
-            checks={
-                "model": lambda: worker.ready.is_set(),
-                "broker": lambda: all(broker_reachable(c) for c in consumers),
-                "qdrant": lambda: worker.sink.store.list_collections() is not None,
-            },
-        )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop())
-    thread = threading.Thread(target=worker.run, name="embed-worker")
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.5)
-    if server:
-        server.shutdown()
-    logs.get("embedstream.worker").info("embed worker stopped")
+    consumers = list(worker.consumers.values())
+    checks = {
+        "broker": lambda: all(broker_reachable(c) for c in consumers),
+        "qdrant": lambda: worker.sink.store.list_collections() is not None,
+    }
+    run_until_signalled_generic(worker, metrics_port, checks, "embed worker")

@@ -1,0 +1,68 @@
+"""Kafka plumbing shared by every worker: dead letters, replies, broker probe, signal-driven run.
+
+One place for the rules all workers follow: a dead letter counts as finished only once the broker
+acknowledged it; replies are keyed by request id; SIGTERM/SIGINT stop the loop after a final commit.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+
+from embedstream import logs
+from schemas import DeadLetter, ErrorInfo
+from schemas.codec import encode
+from workers.health import serve
+from workers.offsets import OffsetTracker
+
+log = logs.get("embedstream.worker")
+
+
+def send_dead_letter(producer, topic: str, record, error: ErrorInfo, handle, worker_id: str, metrics, lane: str) -> None:
+    """Publish the record with its reason; its offset becomes committable when the broker acks."""
+    letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
+                                    error, worker=worker_id)
+    future = producer.send(topic, key=record.key, value=encode(letter))
+    future.add_callback(lambda _meta: OffsetTracker.done(handle))
+    future.add_errback(lambda exc: log.error("dead letter not written", error=str(exc)))
+    metrics.dead_letters.labels(lane=lane, code=error.code).inc()
+    log.warning("dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset,
+                code=error.code, reason=error.message)
+
+
+def send_reply(producer, request, reply) -> None:
+    """Answer on the request's own reply topic, keyed by its correlation id."""
+    producer.send(request.reply_to, key=request.request_id.encode(), value=encode(reply))
+
+
+def broker_reachable(consumer) -> bool:
+    """True while the client holds a connection to some broker.
+
+    kafka-python 3's ``bootstrap_connected()`` is only true while bootstrapping is in progress, so
+    after start-up it reads False even on a healthy client; look at the broker connections instead.
+    """
+    try:
+        client = consumer._client  # the public API has no "connected to the cluster" question
+        brokers = client.cluster.brokers()
+        return any(client.connected(getattr(b, "node_id", None) if hasattr(b, "node_id") else b.nodeId) for b in brokers)
+    except Exception:  # noqa: BLE001 - another client version: fall back to the public call
+        return bool(consumer.bootstrap_connected())
+
+
+def run_until_signalled(worker, metrics_port: int | None, checks: dict[str, Callable[[], bool]], name: str,
+                        host: str = "0.0.0.0") -> None:
+    """Serve /healthz /readyz /metrics, run the loop in a thread, stop cleanly on SIGTERM/SIGINT."""
+    thread = threading.Thread(target=worker.run, name=name)
+    server = None
+    if metrics_port:
+        server = serve(metrics_port, worker.metrics.registry, alive=lambda: thread.is_alive(),
+                       checks={"model": lambda: worker.ready.is_set(), **checks}, host=host)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+    if server:
+        server.shutdown()
+    log.info(f"{name} stopped")
