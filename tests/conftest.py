@@ -83,3 +83,30 @@ def isolated_settings(bootstrap: str, name: str):
         group_rerank=f"{p}-rerank",
     )
     return Settings(kafka=kafka)
+
+
+class LockedStore:
+    """qdrant-client's local mode is not thread-safe; tests read it while a worker thread writes."""
+
+    def __init__(self, store):
+        import threading
+
+        self._store = store
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                return attr(*args, **kwargs)
+
+        return locked
+
+
+def memory_store() -> LockedStore:
+    from embedstream.vectorstore.factory import open_store
+
+    return LockedStore(open_store(":memory:", None, None))

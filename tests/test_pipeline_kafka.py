@@ -8,12 +8,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import isolated_settings
+from conftest import isolated_settings, memory_store
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from embedstream.bench.corpus import documents
 from embedstream.engine.engine import EmbedRequest
-from embedstream.vectorstore.factory import open_store
 from producers.chunker import Chunker
 from producers.publisher import ChunkPublisher, ensure_topics
 from producers.query_client import QueryClient
@@ -45,7 +44,8 @@ class RunningWorker:
 
     def __exit__(self, *exc):
         self.worker.stop()
-        self.thread.join(30)
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the worker did not stop within 60 s"
 
 
 def _dead_letters(settings, expected: int, timeout_s: float = 30) -> list[DeadLetter]:
@@ -67,7 +67,7 @@ def _dead_letters(settings, expected: int, timeout_s: float = 30) -> list[DeadLe
 def test_chunks_are_indexed_once_and_queries_answered(kafka_bootstrap, minilm_engine):
     settings = isolated_settings(kafka_bootstrap, "e2e")
     ensure_topics(settings.kafka, partitions=4)
-    store = open_store(":memory:", None, None)
+    store = memory_store()
     chunker = Chunker(minilm_engine.tokenizer.tokenizer, minilm_engine.spec.max_tokens, chunk_tokens=120, overlap_tokens=16)
     docs = documents(30, seed=5)
     expected: dict[str, str] = {}
@@ -109,7 +109,7 @@ def test_chunks_are_indexed_once_and_queries_answered(kafka_bootstrap, minilm_en
 def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, minilm_engine):
     settings = isolated_settings(kafka_bootstrap, "dlq")
     ensure_topics(settings.kafka, partitions=2)
-    store = open_store(":memory:", None, None)
+    store = memory_store()
     topic = settings.kafka.topic_chunks_bulk
     good = [ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=f"good chunk number {i} about files") for i in range(20)]
     poison = [

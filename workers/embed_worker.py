@@ -115,6 +115,9 @@ class EmbedWorker:
                 fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
                 max_poll_records=256 if lane == "online" else 2048,
                 client_id=f"embedstream-{lane}-{self.options.worker_id}",
+                # A group joined before its topics' metadata arrived gets an empty assignment until
+                # the next refresh: keep refreshes frequent so new or grown topics are noticed.
+                metadata_max_age_ms=10_000,
             )
             consumer.subscribe(topics[lane], listener=_Revocations(self, lane))
             self.consumers[lane] = consumer
