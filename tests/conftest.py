@@ -110,3 +110,38 @@ def memory_store() -> LockedStore:
     from embedstream.vectorstore.factory import open_store
 
     return LockedStore(open_store(":memory:", None, None))
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    """Poll until ``predicate()`` is true; fail naming what never happened."""
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def read_dead_letters(settings, expected: int, timeout_s: float = 30) -> list:
+    """Every DeadLetter on the settings' dead-letter topic (reads from the beginning)."""
+    import time
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    from schemas import DeadLetter
+    from schemas.codec import decode
+
+    consumer = KafkaConsumer(**settings.kafka.client_kwargs(), auto_offset_reset="earliest",
+                             enable_auto_commit=False, fetch_max_wait_ms=10)
+    topic = settings.kafka.topic_dead_letters
+    consumer.assign([TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or [])])
+    consumer.seek_to_beginning()
+    letters: list[DeadLetter] = []
+    end = time.monotonic() + timeout_s
+    while len(letters) < expected and time.monotonic() < end:
+        for recs in consumer.poll(timeout_ms=200).values():
+            letters += [decode(r.value, DeadLetter) for r in recs]
+    consumer.close()
+    return letters

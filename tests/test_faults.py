@@ -9,9 +9,9 @@ import json
 import time
 
 import pytest
-from conftest import isolated_settings, memory_store
+from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from test_pipeline_kafka import RunningWorker, _dead_letters, _wait
+from test_pipeline_kafka import RunningWorker
 
 from producers.publisher import ensure_topics
 from schemas import ChunkEvent
@@ -64,12 +64,12 @@ def test_qdrant_outage_stops_commits_then_resumes_without_loss(kafka_bootstrap, 
     store.down = True
     with RunningWorker(settings, minilm_engine, store, lanes=("bulk",)) as worker:
         worker.options.sink_backoff_s = (0.1, 0.5)
-        _wait(lambda: store.failed_writes >= 3, 120, "failed writes during the outage")
+        wait_for(lambda: store.failed_writes >= 3, 120, "failed writes during the outage")
         assert _committed(settings, topic, settings.kafka.group_bulk) == 0  # nothing done, nothing committed
         assert worker.metrics.sink_failures._value.get() >= 3
         store.down = False
-        _wait(lambda: store.collection_exists("docs") and store.count("docs") == len(events), 120, "all points")
-        _wait(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(events), 60, "offsets committed")
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == len(events), 120, "all points")
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(events), 60, "offsets committed")
     assert {p.id for p in store.scroll("docs")} == {point_id(e.doc_id, e.chunk_id) for e in events}
 
 
@@ -92,9 +92,9 @@ def test_one_percent_poison_in_ten_thousand_events(kafka_bootstrap, minilm_engin
     _publish(settings, topic, values)
     store = memory_store()
     with RunningWorker(settings, minilm_engine, store, lanes=("bulk",)):
-        _wait(lambda: store.collection_exists("docs") and store.count("docs") == len(good_ids), 600, "good events")
-        letters = _dead_letters(settings, poison, timeout_s=60)
-        _wait(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(values), 60, "offsets committed")
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == len(good_ids), 600, "good events")
+        letters = read_dead_letters(settings, poison, timeout_s=60)
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(values), 60, "offsets committed")
     assert poison == 100 and len(letters) == poison
     assert {l.error.code for l in letters} == {"malformed_json", "invalid_event", "empty_text"}
     assert {p.id for p in store.scroll("docs")} == good_ids

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import isolated_settings, memory_store
+from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from embedstream.bench.corpus import documents
@@ -24,15 +24,6 @@ from workers.sink import point_id
 pytestmark = pytest.mark.kafka
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 class RunningWorker:
     def __init__(self, settings, engine, store, lanes=("online", "bulk")):
         self.worker = build_embed_worker(settings, lanes, store=store, engine=engine)
@@ -46,22 +37,6 @@ class RunningWorker:
         self.worker.stop()
         self.thread.join(60)
         assert not self.thread.is_alive(), "the worker did not stop within 60 s"
-
-
-def _dead_letters(settings, expected: int, timeout_s: float = 30) -> list[DeadLetter]:
-    consumer = KafkaConsumer(**settings.kafka.client_kwargs(), auto_offset_reset="earliest", enable_auto_commit=False,
-                             consumer_timeout_ms=1000, fetch_max_wait_ms=10)
-    parts = [TopicPartition(settings.kafka.topic_dead_letters, p)
-             for p in (consumer.partitions_for_topic(settings.kafka.topic_dead_letters) or [])]
-    consumer.assign(parts)
-    consumer.seek_to_beginning()
-    letters: list[DeadLetter] = []
-    end = time.monotonic() + timeout_s
-    while len(letters) < expected and time.monotonic() < end:
-        for recs in consumer.poll(timeout_ms=200).values():
-            letters += [decode(r.value, DeadLetter) for r in recs]
-    consumer.close()
-    return letters
 
 
 def test_chunks_are_indexed_once_and_queries_answered(kafka_bootstrap, minilm_engine):
@@ -80,7 +55,7 @@ def test_chunks_are_indexed_once_and_queries_answered(kafka_bootstrap, minilm_en
     assert n > 60
     collection = settings.qdrant.collection
     with RunningWorker(settings, minilm_engine, store):
-        _wait(lambda: store.collection_exists(collection) and store.count(collection) == n, 240, f"{n} points")
+        wait_for(lambda: store.collection_exists(collection) and store.count(collection) == n, 240, f"{n} points")
         points = {p.id: p for p in store.scroll(collection)}
         assert set(points) == set(expected)
         sample = next(iter(points.values()))
@@ -127,9 +102,9 @@ def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, min
         producer.send(topic, key=b"k", value=v)
     producer.flush()
     with RunningWorker(settings, minilm_engine, store, lanes=("bulk",)) as worker:
-        _wait(lambda: store.collection_exists("docs") and store.count("docs") == len(good), 120, "good events indexed")
-        letters = _dead_letters(settings, len(poison))
-        _wait(lambda: worker.offsets["bulk"].outstanding() == 0, 30, "all records finished")
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == len(good), 120, "good events indexed")
+        letters = read_dead_letters(settings, len(poison))
+        wait_for(lambda: worker.offsets["bulk"].outstanding() == 0, 30, "all records finished")
     codes = sorted(letter.error.code for letter in letters)
     assert codes == sorted(["malformed_json", "unknown_schema_version", "invalid_event", "too_long", "unknown_model"])
     assert all(letter.error.message for letter in letters)

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import isolated_settings, make_engine
+from conftest import isolated_settings, make_engine, read_dead_letters, wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from embedstream.bench.corpus import stdlib_paragraphs
@@ -34,15 +34,6 @@ def reference(tiny_ce_dir):
     from sentence_transformers import CrossEncoder
 
     return CrossEncoder(str(tiny_ce_dir), device="cpu")
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 class Running:
@@ -119,21 +110,6 @@ def test_rerank_scores_match_cross_encoder_and_requests_share_a_pass(kafka_boots
         assert sample("embedstream_stage_duration_seconds_count", {"stage": "rerank", "lane": "rerank"}) == passes
 
 
-def _dead_letters(settings, expected: int, timeout_s: float = 30) -> list[DeadLetter]:
-    consumer = KafkaConsumer(**settings.kafka.client_kwargs(), auto_offset_reset="earliest", enable_auto_commit=False,
-                             fetch_max_wait_ms=10)
-    topic = settings.kafka.topic_dead_letters
-    consumer.assign([TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or [])])
-    consumer.seek_to_beginning()
-    letters: list[DeadLetter] = []
-    end = time.monotonic() + timeout_s
-    while len(letters) < expected and time.monotonic() < end:
-        for recs in consumer.poll(timeout_ms=200).values():
-            letters += [decode(r.value, DeadLetter) for r in recs]
-    consumer.close()
-    return letters
-
-
 def test_error_replies_dead_letters_and_search_over_kafka(kafka_bootstrap, ce_engine, tiny_bert_dir):
     settings = isolated_settings(kafka_bootstrap, "rerankerr")
     ensure_topics(settings.kafka, partitions=1)
@@ -175,7 +151,7 @@ def test_error_replies_dead_letters_and_search_over_kafka(kafka_bootstrap, ce_en
         producer.close()
         after = _ask(client, settings, _request(client, query, _candidates(4), top_n=2))
         assert after.error is None and len(after.results) == 2
-        letters = _dead_letters(settings, 4)
+        letters = read_dead_letters(settings, 4)
         assert sorted(letter.error.code for letter in letters) == sorted(
             ["malformed_json", "invalid_event", "unknown_schema_version", "malformed_json"])
         assert {letter.raw_bytes() for letter in letters} == set(poison) | {b"[1, 2]"}
@@ -199,7 +175,7 @@ def test_error_replies_dead_letters_and_search_over_kafka(kafka_bootstrap, ce_en
         assert all(h.rerank_score is None for h in filtered.hits)
         missing = search(collection="nope")
         assert missing.error.code == "unknown_collection"
-        _wait(lambda: worker.offsets.outstanding() == 0, 30, "every record finished")
+        wait_for(lambda: worker.offsets.outstanding() == 0, 30, "every record finished")
     # everything was finished, so the committed offsets reach the log end of both topics
     consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=settings.kafka.group_rerank, enable_auto_commit=False)
     for topic in (settings.kafka.topic_rerank, settings.kafka.topic_search):
