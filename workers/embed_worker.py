@@ -30,7 +30,7 @@ from embedstream.engine.errors import EngineError
 from schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from schemas.codec import DecodeError, decode
 from schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
-from workers.kafka_io import send_dead_letter, send_reply
+from workers.kafka_io import WorkerLoop, send_dead_letter, send_reply
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.sink import EmbeddedChunk, QdrantSink
@@ -83,8 +83,10 @@ class _Revocations(ConsumerRebalanceListener):
         log.info("partitions assigned", lane=self.lane, partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
 
 
-class EmbedWorker:
+class EmbedWorker(WorkerLoop):
     """Drains the chunk and query topics through one Engine into one sink."""
+
+    name = "embed worker"
 
     def __init__(self, settings: Settings, engine: Engine, sink: QdrantSink, options: WorkerOptions | None = None,
                  metrics: WorkerMetrics | None = None):
@@ -99,8 +101,7 @@ class EmbedWorker:
         self.offsets = {lane: OffsetTracker() for lane in self.options.lanes}
         self.paused: dict[str, bool] = {lane: False for lane in self.options.lanes}
         self.last_online = 0.0
-        self.stop_event = threading.Event()
-        self.ready = threading.Event()
+        super().__init__()
         client = self.kafka.client_kwargs()
         self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)
         self.consumers: dict[str, KafkaConsumer] = {}
@@ -373,18 +374,9 @@ class EmbedWorker:
         """A consumer still joining its group needs blocking polls to finish the join."""
         return wanted_ms if self.consumers[lane].assignment() else max(wanted_ms, 100)
 
-    def run(self) -> None:
-        log.info("embed worker started", lanes=list(self.options.lanes), model=self.engine.spec.name,
-                 path=self.engine.runner.describe(), max_batch_tokens=self.engine.limits.max_batch_tokens)
-        self.ready.set()
-        try:
-            while not self.stop_event.is_set():
-                self.run_once()
-        finally:
-            self.close()
-
-    def stop(self) -> None:
-        self.stop_event.set()
+    def started_fields(self) -> dict:
+        return {"lanes": list(self.options.lanes), "model": self.engine.spec.name,
+                "path": self.engine.runner.describe(), "max_batch_tokens": self.engine.limits.max_batch_tokens}
 
     def close(self) -> None:
         for lane in self.options.lanes:

@@ -19,6 +19,38 @@ from workers.offsets import OffsetTracker
 log = logs.get("embedstream.worker")
 
 
+class WorkerLoop:
+    """The run/stop contract every worker shares: poll-batch-process-commit until stopped, then close."""
+
+    name = "worker"
+
+    def __init__(self) -> None:
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()
+
+    def started_fields(self) -> dict:
+        """What the start-up log line says about this worker."""
+        return {}
+
+    def run_once(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        log.info(f"{self.name} started", **self.started_fields())
+        self.ready.set()
+        try:
+            while not self.stop_event.is_set():
+                self.run_once()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+
 def send_dead_letter(producer, topic: str, record, error: ErrorInfo, handle, worker_id: str, metrics, lane: str) -> None:
     """Publish the record with its reason; its offset becomes committable when the broker acks."""
     letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,

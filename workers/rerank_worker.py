@@ -36,7 +36,7 @@ from schemas.codec import DecodeError, decode
 from schemas.events import now_ms
 from schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
 from workers import kafka_io
-from workers.kafka_io import broker_reachable, send_dead_letter, send_reply
+from workers.kafka_io import WorkerLoop, broker_reachable, send_dead_letter, send_reply
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.search import Retrieved, Searcher, SearchError
@@ -93,8 +93,10 @@ class _Revocations(ConsumerRebalanceListener):
         log.info("partitions assigned", partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
 
 
-class RerankWorker:
+class RerankWorker(WorkerLoop):
     """Serves RerankRequests (and SearchRequests when a Searcher is given) with one cross-encoder."""
+
+    name = "rerank worker"
 
     def __init__(self, settings: Settings, engine: Engine, options: RerankOptions | None = None,
                  metrics: WorkerMetrics | None = None, searcher: Searcher | None = None):
@@ -109,8 +111,7 @@ class RerankWorker:
         self.queue: deque[_Item] = deque()
         self.offsets = OffsetTracker()
         self.paused = False
-        self.stop_event = threading.Event()
-        self.ready = threading.Event()
+        super().__init__()
         client = self.kafka.client_kwargs()
         self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)
         self.consumer = KafkaConsumer(
@@ -361,19 +362,10 @@ class RerankWorker:
         self.metrics.lag(LANE_RERANK, self.consumer)
         return len(batch)
 
-    def run(self) -> None:
-        log.info("rerank worker started", model=self.engine.spec.name, path=self.engine.runner.describe(),
-                 search=self.searcher is not None, max_candidates=self.options.max_candidates,
-                 max_batch_tokens=self.engine.limits.max_batch_tokens)
-        self.ready.set()
-        try:
-            while not self.stop_event.is_set():
-                self.run_once()
-        finally:
-            self.close()
-
-    def stop(self) -> None:
-        self.stop_event.set()
+    def started_fields(self) -> dict:
+        return {"model": self.engine.spec.name, "path": self.engine.runner.describe(),
+                "search": self.searcher is not None, "max_candidates": self.options.max_candidates,
+                "max_batch_tokens": self.engine.limits.max_batch_tokens}
 
     def close(self) -> None:
         try:
