@@ -199,6 +199,61 @@ def demo(
     run_demo(docs, port)
 
 
+@app.command()
+def reindex(
+    to_collection: str = typer.Option(..., "--to-collection", help="New collection version, e.g. docs_v2"),
+    start: str = typer.Option("earliest", "--from", help="earliest | epoch ms | ISO time | PARTITION:OFFSET,..."),
+    alias: Optional[str] = typer.Option(None, help="Alias live traffic uses (default: settings.qdrant.collection)"),
+    model: Optional[str] = typer.Option(None, help="Model whose tokenizer drives chunking (the bulk workers' model)"),
+    chunk_tokens: int = typer.Option(200, help="Target tokens per chunk"),
+    overlap: int = typer.Option(32, help="Tokens carried over between chunks"),
+    drop_old: bool = typer.Option(False, "--drop-old", help="Delete the previous version after the switch"),
+    restart: bool = typer.Option(False, "--restart", help="Ignore a previous run's position for this target"),
+    wait_timeout: float = typer.Option(3600.0, help="Seconds to wait for the bulk embed workers to catch up"),
+) -> None:
+    """Replay the documents log into a new collection on the bulk lane, then switch the alias atomically."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from embedstream.engine.model_spec import output_dimensions, resolve_model
+    from embedstream.reindex import ReindexError, Reindexer, ReindexPlan
+    from producers.replay import StartPosition
+    from workers.runtime import open_settings_store, sink_config_from
+
+    logs.configure()
+    settings = Settings()
+    try:
+        position = StartPosition.parse(start)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    spec = resolve_model(model or settings.default_model, settings.models)
+    plan = ReindexPlan(to_collection, alias or settings.qdrant.collection, position, chunk_tokens, overlap,
+                       drop_old, restart, wait_timeout)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    store = open_settings_store(settings)
+    try:
+        with Progress(*columns) as bar:
+            tasks: dict[str, int] = {}
+
+            def on_phase(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = bar.add_task(phase, total=total)
+                bar.update(tasks[phase], completed=done, total=total)
+
+            result = Reindexer(settings, store, spec, output_dimensions(spec), sink_config_from(settings), plan,
+                               on_phase).run()
+    except ReindexError as exc:
+        typer.echo(f"reindex: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        store.close()
+    first = result.passes[0]
+    typer.echo(f"{plan.alias} -> {result.target} (was {result.previous or 'unset'}); replayed {first.documents} "
+               f"documents / {first.deletes} deletes into {first.chunks} chunks in {result.seconds:.1f} s"
+               f"{' (resumed)' if first.resumed else ''}; catch-up pass: {result.passes[1].documents} documents"
+               f"{'; old version dropped' if result.dropped else ''}")
+
+
 worker_app = typer.Typer(no_args_is_help=True, help="Long-running Kafka workers.")
 app.add_typer(worker_app, name="worker")
 
@@ -209,6 +264,8 @@ def worker_embed(
     model: Optional[str] = typer.Option(None, help="Model served (default: settings.default_model)"),
     metrics_port: int = typer.Option(9400, help="Port of /metrics, /healthz, /readyz (0: off)"),
     threads: Optional[int] = typer.Option(None, help="torch threads (one per process often wins under load)"),
+    skip_unchanged: bool = typer.Option(True, "--skip-unchanged/--no-skip-unchanged",
+                                        help="Do not embed chunks whose point already has the same content hash, model and metadata"),
 ) -> None:
     """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
     from workers.runtime import build_embed_worker, run_until_signalled
@@ -221,7 +278,46 @@ def worker_embed(
     bad = [lane for lane in chosen if lane not in ("online", "bulk")]
     if bad or not chosen:
         raise typer.BadParameter(f"lanes must be online and/or bulk, got {lanes!r}")
-    run_until_signalled(build_embed_worker(settings, chosen, model), metrics_port or None)
+    worker = build_embed_worker(settings, chosen, model)
+    worker.options.skip_unchanged = skip_unchanged
+    run_until_signalled(worker, metrics_port or None)
+
+
+@app.command()
+def cdc(
+    topic: str = typer.Option(..., help="Debezium change-event topic (JSON, with or without the schema wrapper)"),
+    id_field: str = typer.Option(..., help="Row field holding the document id (MongoDB: _id); the key is the fallback"),
+    text_fields: str = typer.Option(..., help="Comma-separated fields joined (blank line between) into the text"),
+    metadata_fields: str = typer.Option("", help="Comma-separated fields stored as point payload"),
+    lane: str = typer.Option("online", help="Chunk lane the bridge publishes to: online | bulk"),
+    model: Optional[str] = typer.Option(None, help="Model whose tokenizer and limit drive chunking (the workers' model)"),
+    chunk_tokens: int = typer.Option(200, help="Target tokens per chunk"),
+    overlap: int = typer.Option(32, help="Tokens carried over between chunks"),
+    collection: Optional[str] = typer.Option(None, help="Target collection (default: the workers')"),
+    on_truncate: str = typer.Option("dead-letter", help="dead-letter | ignore: what a table truncate (op t) does"),
+    group: Optional[str] = typer.Option(None, help="Consumer group (default: settings.kafka.group_cdc)"),
+    metrics_port: int = typer.Option(9401, help="Port of /metrics, /healthz, /readyz (0: off)"),
+) -> None:
+    """Apply Debezium change events: c/r/u re-chunk and publish (unchanged chunks are not re-embedded), d/tombstone delete."""
+    from embedstream.engine.model_spec import resolve_model
+    from producers.chunker import Chunker
+    from producers.debezium import CdcConfig
+    from workers.cdc_bridge import CdcBridge, CdcOptions, run_until_signalled
+
+    logs.configure()
+    if lane not in ("online", "bulk"):
+        raise typer.BadParameter("lane must be online or bulk")
+    if on_truncate not in ("dead-letter", "ignore"):
+        raise typer.BadParameter("on-truncate must be dead-letter or ignore")
+    fields = tuple(f.strip() for f in text_fields.split(",") if f.strip())
+    if not fields:
+        raise typer.BadParameter("give at least one text field")
+    config = CdcConfig(id_field, fields, tuple(f.strip() for f in metadata_fields.split(",") if f.strip()))
+    settings = Settings()
+    spec = resolve_model(model or settings.default_model, settings.models)
+    options = CdcOptions(topic, config, lane=lane, collection=collection, on_truncate=on_truncate, group=group)
+    bridge = CdcBridge(settings, Chunker.for_model(spec, chunk_tokens, overlap), options)
+    run_until_signalled(bridge, metrics_port or None)
 
 
 @bench_app.command("pipeline")

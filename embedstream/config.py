@@ -81,11 +81,19 @@ class KafkaSettings(BaseModel):
     topic_rerank: str = "embedstream.rerank"
     topic_search: str = "embedstream.search"
     topic_dead_letters: str = "embedstream.dead-letters"
+    topic_documents: str = Field(
+        default="embedstream.documents", description="Compacted log of full documents (key = doc_id): re-index source"
+    )
     group_online: str = "embedstream-embed-online"
     group_bulk: str = "embedstream-embed-bulk"
     group_rerank: str = "embedstream-rerank"
+    group_cdc: str = Field(default="embedstream-cdc", description="Consumer group of the CDC bridge (Debezium topics)")
     fetch_max_wait_ms: int = Field(default=10, description="Short fetch wait: request-reply needs it")
     online_batch_window_ms: float = Field(default=2.0, description="Max wait to grow an online batch")
+    session_timeout_ms: int | None = Field(
+        default=None,
+        description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client default, 45 s)",
+    )
 
     def client_kwargs(self) -> dict:
         """kafka-python connection kwargs shared by producers, consumers and admin clients."""
@@ -106,7 +114,11 @@ class QdrantSettings(BaseModel):
     url: str | None = None
     api_key: SecretStr | None = None
     path: str | None = None
-    collection: str = "docs"
+    collection: str = Field(default="docs", description="Collection (or alias) the workers write and search")
+    versioned_collections: bool = Field(
+        default=True,
+        description="Create a missing collection as <name>_v1 behind the alias <name>, so reindex can swap versions",
+    )
     vector_datatype: Literal["float32", "float16", "uint8"] = "float32"
     quantization: Literal["none", "scalar", "binary"] = "none"
     matryoshka_dims: list[int] = Field(

@@ -43,8 +43,7 @@ def run_demo(doc_count: int = 150, port: int = 9092) -> None:
     console.print("[bold]2.[/bold] loading the model and starting the embed worker (online + bulk lanes) ...")
     engine = Engine.from_name(settings.default_model, settings)
     store = open_settings_store(settings)
-    if store.collection_exists("demo"):
-        store.delete_collection("demo")
+    store.drop("demo")  # a fresh demo collection each run
     worker = build_embed_worker(settings, ("online", "bulk"), store=store, engine=engine)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
@@ -73,7 +72,7 @@ def _index(console: Console, settings: Settings, engine: Engine, store, doc_coun
         done = 0
         while done < total:
             time.sleep(0.5)
-            done = store.count("demo") if store.collection_exists("demo") else 0
+            done = store.count("demo") if store.exists("demo") else 0
             bar.update(task, completed=done)
     seconds = time.perf_counter() - start
     console.print(f"   indexed {total} chunks in {seconds:.1f} s ({total / seconds:.1f} chunks/s end to end)")

@@ -20,7 +20,7 @@ from embedstream.config import KafkaSettings
 from producers.chunker import Chunker
 from producers.sources import Document
 from schemas.codec import encode
-from schemas.events import ChunkEvent, DocumentDelete, Lane, content_hash, now_ms
+from schemas.events import ChunkEvent, DocumentDelete, DocumentRecord, Lane, content_hash, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,15 @@ def all_topics(settings: KafkaSettings) -> list[str]:
         settings.topic_rerank,
         settings.topic_search,
         settings.topic_dead_letters,
+        settings.topic_documents,
     ]
+
+
+def topic_configs(settings: KafkaSettings, topic: str) -> dict[str, str]:
+    """Per-topic broker configs: the documents log is compacted (latest version per doc_id survives)."""
+    if topic == settings.topic_documents:
+        return {"cleanup.policy": "compact"}
+    return {}
 
 
 def ensure_topics(
@@ -62,7 +70,8 @@ def ensure_topics(
         for topic in missing:  # one by one, so a concurrent creator only costs that topic's error
             try:
                 admin.create_topics(
-                    {topic: {"num_partitions": partitions, "replication_factor": replication_factor}},
+                    {topic: {"num_partitions": partitions, "replication_factor": replication_factor,
+                             "configs": topic_configs(settings, topic)}},
                     timeout_ms=int(timeout_s * 1000),
                     wait_for_metadata=True,
                 )
@@ -92,6 +101,9 @@ class PublishError(RuntimeError):
 class ChunkPublisher:
     """Chunks documents and produces ChunkEvent / DocumentDelete records to one lane's topic.
 
+    With ``record_documents`` (default) each published document is also written whole to the
+    compacted documents topic, and :meth:`delete_document` writes its tombstone there: that log
+    is what ``embedstream reindex`` replays. A replay itself publishes with it off.
     Sends are asynchronous; :meth:`flush` waits for them and raises :class:`PublishError` if any
     failed. Deletes go to the same lane topic, so publish a document's deletes on the lane its
     chunks used, or they are not ordered with them. Safe to share between threads.
@@ -107,14 +119,17 @@ class ChunkPublisher:
         create_topics: bool = True,
         partitions: int = DEFAULT_PARTITIONS,
         producer_config: Mapping[str, Any] | None = None,
+        record_documents: bool = True,
     ):
         self.settings = settings
         self.lane: Lane = lane
         self.topic = lane_topic(settings, lane)
         self.model = model
         self.collection = collection
+        self.record_documents = record_documents
         if create_topics:
-            ensure_topics(settings, partitions, topics=[self.topic])
+            wanted = [self.topic] + ([settings.topic_documents] if record_documents else [])
+            ensure_topics(settings, partitions, topics=wanted)
         config: dict[str, Any] = {
             **settings.client_kwargs(),
             "client_id": f"embedstream-publisher-{lane}",
@@ -165,10 +180,22 @@ class ChunkPublisher:
         chunked = chunker.chunk_many([doc.text for doc in batch])
         return sum(self._publish_chunks(doc, chunks, replace) for doc, chunks in zip(batch, chunked))
 
-    def _publish_chunks(self, document: Document, chunks: list[str], replace: bool) -> int:
+    def publish_chunks(self, document: Document, chunks: list[str], trim: bool = True) -> int:
+        """Publish already-chunked text (no documents-log record); with ``trim`` a delete of the chunks
+        past the new count follows, so a document that shrank loses its leftover chunks."""
+        count = self._publish_chunks(document, chunks, replace=False, record=False)
+        if trim:
+            self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
+        return count
+
+    def _publish_chunks(self, document: Document, chunks: list[str], replace: bool, record: bool = True) -> int:
         if replace:
             self.publish_delete(DocumentDelete(doc_id=document.doc_id, collection=self.collection))
         created = now_ms()
+        if self.record_documents and record:
+            record_event = DocumentRecord(doc_id=document.doc_id, text=document.text, metadata=document.metadata,
+                                    created_at_ms=created)
+            self._send(document.doc_id, encode(record_event), self.settings.topic_documents)
         for index, text in enumerate(chunks):
             self.publish_chunk(
                 ChunkEvent(
@@ -193,11 +220,19 @@ class ChunkPublisher:
         """Send a delete; it is applied after the document's earlier events on this lane."""
         return self._send(event.doc_id, encode(event))
 
-    def _send(self, doc_id: str, value: bytes) -> FutureRecordMetadata:
-        future = self._producer.send(self.topic, key=doc_id.encode("utf-8"), value=value)
+    def delete_document(self, doc_id: str) -> FutureRecordMetadata:
+        """Delete every chunk of a document and tombstone it in the documents log (replays skip it)."""
+        future = self.publish_delete(DocumentDelete(doc_id=doc_id, collection=self.collection))
+        if self.record_documents:
+            self._send(doc_id, None, self.settings.topic_documents)
+        return future
+
+    def _send(self, doc_id: str, value: bytes | None, topic: str | None = None) -> FutureRecordMetadata:
+        future = self._producer.send(topic or self.topic, key=doc_id.encode("utf-8"), value=value)
         future.add_errback(self._on_failure)
-        with self._lock:
-            self.sent += 1
+        if topic is None:
+            with self._lock:
+                self.sent += 1  # lane events only
         return future
 
     def _on_failure(self, exc: BaseException) -> None:

@@ -82,7 +82,11 @@ class DocumentDelete(WireModel):
     kind: Literal["delete"] = "delete"
     doc_id: NonEmptyStr
     chunk_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, description="Chunks to remove; None = every chunk of the document"
+        default=None, description="Chunks to remove; None (and no from_chunk) = every chunk of the document"
+    )
+    from_chunk: int | None = Field(
+        default=None, ge=0,
+        description="Remove every chunk with chunk_id >= from_chunk: what is left over when a document shrinks",
     )
     collection: str | None = None
 
@@ -174,4 +178,18 @@ class DeadLetter(WireModel):
         return self.raw_value.encode("utf-8")
 
 
-WIRE_MODELS: tuple[type[WireModel], ...] = (ChunkEvent, DocumentDelete, QueryRequest, QueryReply, DeadLetter)
+class DocumentRecord(WireModel):
+    """The latest full text of a document, on the compacted documents topic (key = doc_id).
+
+    It is the replayable source of truth: a re-index reads these records and chunks them again
+    (with another model or chunk size); a null value (tombstone) under the key means "deleted".
+    """
+
+    kind: Literal["document"] = "document"
+    doc_id: NonEmptyStr
+    text: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at_ms: int | None = None
+
+
+WIRE_MODELS: tuple[type[WireModel], ...] = (ChunkEvent, DocumentDelete, DocumentRecord, QueryRequest, QueryReply, DeadLetter)

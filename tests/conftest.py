@@ -62,8 +62,12 @@ def kafka_bootstrap(tmp_path_factory) -> str:
     devkafka.stop(port=port, data_dir=str(data_dir))
 
 
-def isolated_settings(bootstrap: str, name: str):
-    """Settings whose topics and groups belong to one test only (no cross-test interference)."""
+def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = False):
+    """Settings whose topics and groups belong to one test only (no cross-test interference).
+
+    Collections are created under their own name unless ``versioned_collections`` (the production
+    default: ``docs`` becomes an alias of ``docs_v1``).
+    """
     import uuid
 
     from embedstream.config import KafkaSettings, Settings
@@ -78,11 +82,14 @@ def isolated_settings(bootstrap: str, name: str):
         topic_rerank=f"{p}.rerank",
         topic_search=f"{p}.search",
         topic_dead_letters=f"{p}.dlq",
+        topic_documents=f"{p}.documents",
         group_online=f"{p}-online",
         group_bulk=f"{p}-bulk",
         group_rerank=f"{p}-rerank",
     )
-    return Settings(kafka=kafka)
+    from embedstream.config import QdrantSettings
+
+    return Settings(kafka=kafka, qdrant=QdrantSettings(versioned_collections=versioned_collections))
 
 
 class LockedStore:

@@ -196,6 +196,22 @@ def test_delete_points_by_id(filled, data):
     assert remaining == set(data["ids"]) - {data["ids"][0], data["ids"][7]}
 
 
+def test_get_payloads_by_ids(filled, data):
+    unknown = str(uuid.uuid4())
+    asked = [data["ids"][3], data["ids"][42].upper(), unknown, data["ids"][3]]  # any case, unknown, repeated
+    got = filled.get_payloads("docs", asked)
+    assert got == {data["ids"][3]: data["payloads"][3], data["ids"][42]: data["payloads"][42]}
+    assert filled.get_payloads("docs", []) == {}
+    filled.upsert("docs", _points(data, [3], payload_update={"version": 2}))
+    assert filled.get_payloads("docs", [data["ids"][3]])[data["ids"][3]]["version"] == 2
+    filled.delete_points("docs", [data["ids"][3]])
+    assert filled.get_payloads("docs", [data["ids"][3]]) == {}
+    filled.set_alias("live", "docs")  # reads through an alias reach the target
+    assert set(filled.get_payloads("live", data["ids"][:5])) == set(data["ids"][:5]) - {data["ids"][3]}
+    with pytest.raises(CollectionNotFound):
+        filled.get_payloads("missing", [unknown])
+
+
 def test_bad_vectors_rejected(store, data):
     store.ensure_collection("docs", SPECS)
     with pytest.raises(ValueError, match="dims"):

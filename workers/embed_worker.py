@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
@@ -66,6 +67,7 @@ class WorkerOptions:
     online_quiet_s: float = 1.0  # online counts as "recent" for this long after its last item
     max_queue_tokens: int = 65536  # per lane; above it the lane's partitions are paused
     sink_backoff_s: tuple[float, float] = (0.2, 10.0)
+    skip_unchanged: bool = True  # do not embed a chunk whose point already has its content hash, model, metadata
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{threading.get_ident()}")
 
 
@@ -119,6 +121,7 @@ class EmbedWorker(WorkerLoop):
                 # A group joined before its topics' metadata arrived gets an empty assignment until
                 # the next refresh: keep refreshes frequent so new or grown topics are noticed.
                 metadata_max_age_ms=10_000,
+                **({"session_timeout_ms": self.kafka.session_timeout_ms} if self.kafka.session_timeout_ms else {}),
             )
             consumer.subscribe(topics[lane], listener=_Revocations(self, lane))
             self.consumers[lane] = consumer
@@ -216,17 +219,12 @@ class EmbedWorker(WorkerLoop):
 
     # -- batch formation -----------------------------------------------------------------------
     def _take(self, lane: str, used_tokens: int, used_requests: int, max_tokens: int) -> list[WorkItem]:
-        """FIFO prefix of a lane within the budget left; a delete is a batch of its own (ordering)."""
+        """FIFO prefix of a lane within the budget left. Deletes ride along (they cost no tokens) and
+        are applied in their place in the log order when the batch is written."""
         queue = self.queues[lane]
         if not queue:
             return []
-        if queue[0].prepared is None:
-            return [queue.popleft()] if used_requests == 0 else []
-        lengths = []
-        for item in queue:
-            if item.prepared is None:
-                break
-            lengths.append(item.tokens)
+        lengths = [item.tokens for item in queue]
         limits = self.engine.limits
         budget = type(limits)(min(max_tokens, limits.max_batch_tokens), limits.max_batch_requests)
         count = take_prefix(lengths, budget, used_tokens, used_requests)
@@ -241,14 +239,11 @@ class EmbedWorker(WorkerLoop):
         if "online" in self.queues:
             self._await_online_window()
             batch = self._take("online", 0, 0, self.engine.limits.max_batch_tokens)
-            if batch and batch[0].prepared is None:
-                return batch
         if "bulk" in self.queues:
             online_recent = "online" in self.queues and time.monotonic() - self.last_online < self.options.online_quiet_s
             cap = self.options.bulk_slice_tokens if online_recent else self.engine.limits.max_batch_tokens
             used = sum(i.tokens for i in batch)
-            if not batch or (self.queues["bulk"] and self.queues["bulk"][0].prepared is not None):
-                batch += self._take("bulk", used, len(batch), cap if not batch else self.engine.limits.max_batch_tokens)
+            batch += self._take("bulk", used, len(batch), cap if not batch else self.engine.limits.max_batch_tokens)
         return batch
 
     def _await_online_window(self) -> None:
@@ -265,14 +260,14 @@ class EmbedWorker(WorkerLoop):
 
     # -- processing ----------------------------------------------------------------------------
     def _process(self, batch: list[WorkItem]) -> None:
-        if batch[0].prepared is None:
-            self._with_sink_retry(lambda: self.sink.delete(batch[0].event))
-            OffsetTracker.done(batch[0].handle)
-            return
+        """Embed what needs embedding in one forward pass, answer queries, then write chunks and
+        deletes to the sink in log order; offsets become committable only after their write."""
         start = time.perf_counter()
         now = now_ms()
         live = []
         for item in batch:
+            if isinstance(item.event, DocumentDelete):
+                continue
             wait_ms = (start - item.received) * 1000
             self.metrics.observe_stage("queue_wait", item.lane, wait_ms)
             if isinstance(item.event, QueryRequest) and item.event.deadline_ms and item.event.deadline_ms < now:
@@ -281,7 +276,10 @@ class EmbedWorker(WorkerLoop):
                 OffsetTracker.done(item.handle)
                 continue
             live.append(item)
+        if self.options.skip_unchanged:
+            live = self._skip_unchanged(live, _deleted_earlier(batch))
         if not live:
+            self._write(batch, {})
             return
         timings = StageTimings()
         vectors = self.engine.forward([i.prepared for i in live], timings)
@@ -303,15 +301,52 @@ class EmbedWorker(WorkerLoop):
             self._reply(item.event, reply)
             OffsetTracker.done(item.handle)
             self.metrics.texts.labels(lane=item.lane, kind="query").inc()
-        if chunks:
-            embedded = [EmbeddedChunk(i.event, v, {"topic": i.topic, "partition": i.partition, "offset": i.offset})
-                        for i, v in chunks]
+        self._write(batch, {id(item): vector for item, vector in chunks})
+
+    def _write(self, batch: list[WorkItem], vectors: dict[int, object]) -> None:
+        """Upsert runs of embedded chunks and apply deletes between them, exactly in batch order."""
+        run: list[WorkItem] = []
+
+        def flush_run() -> None:
+            if not run:
+                return
+            embedded = [EmbeddedChunk(i.event, vectors[id(i)], {"topic": i.topic, "partition": i.partition,
+                                                                 "offset": i.offset}) for i in run]
             upsert_start = time.perf_counter()
             self._with_sink_retry(lambda: self.sink.upsert(embedded))
-            self.metrics.observe_stage("upsert", lane, (time.perf_counter() - upsert_start) * 1000)
-            for item, _ in chunks:
+            self.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - upsert_start) * 1000)
+            for item in run:
                 OffsetTracker.done(item.handle)
-            self.metrics.texts.labels(lane=lane, kind="chunk").inc(len(chunks))
+            self.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(len(run))
+            run.clear()
+
+        for item in batch:
+            if isinstance(item.event, DocumentDelete):
+                flush_run()
+                self._with_sink_retry(lambda event=item.event: self.sink.delete(event))
+                OffsetTracker.done(item.handle)
+            elif id(item) in vectors:
+                run.append(item)
+        flush_run()
+
+    def _skip_unchanged(self, items: list[WorkItem], deleted_earlier: set[int]) -> list[WorkItem]:
+        """Finish, without embedding, the chunks whose stored point already matches (one lookup per collection).
+
+        A chunk that a delete earlier in the same batch may remove is never skipped."""
+        chunks = [i for i in items if isinstance(i.event, ChunkEvent) and id(i) not in deleted_earlier]
+        if not chunks:
+            return items
+        try:
+            same = self.sink.unchanged([i.event for i in chunks])
+        except Exception as exc:  # noqa: BLE001 - lookup failed: embed them all; the upsert retries the sink
+            log.warning("unchanged-chunk lookup failed; embedding the batch", error=str(exc)[:300])
+            return items
+        skipped = {id(item) for item, hit in zip(chunks, same) if hit}
+        for item in chunks:
+            if id(item) in skipped:
+                OffsetTracker.done(item.handle)
+                self.metrics.chunks_unchanged.labels(lane=item.lane).inc()
+        return [i for i in items if id(i) not in skipped] if skipped else items
 
     def _with_sink_retry(self, write) -> None:
         """Retry a sink write with exponential backoff; consumers are paused meanwhile, nothing commits."""
@@ -352,7 +387,11 @@ class EmbedWorker(WorkerLoop):
         owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
         commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
         if commit:
-            consumer.commit(commit)
+            try:
+                consumer.commit(commit)
+            except KafkaError as exc:  # broker away past the request timeout, or a rebalance: retry later
+                log.warning("offset commit failed; will retry", lane=lane, error=str(exc)[:300])
+                self.offsets[lane].retry(offsets)
 
     # -- main loop -----------------------------------------------------------------------------
     def run_once(self) -> int:
@@ -387,3 +426,15 @@ class EmbedWorker(WorkerLoop):
         for consumer in self.consumers.values():
             consumer.close(autocommit=False)
         self.producer.close()
+
+
+def _deleted_earlier(batch: list[WorkItem]) -> set[int]:
+    """Items (by id) whose document has a delete earlier in the batch: the store will change under them."""
+    deleted: set[str] = set()
+    out: set[int] = set()
+    for item in batch:
+        if isinstance(item.event, DocumentDelete):
+            deleted.add(item.event.doc_id)
+        elif isinstance(item.event, ChunkEvent) and item.event.doc_id in deleted:
+            out.add(id(item))
+    return out

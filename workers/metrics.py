@@ -38,6 +38,9 @@ class WorkerMetrics:
         self.errors = Counter("embedstream_request_errors_total", "Requests answered with an error", ["lane", "code"],
                               registry=r)
         self.sink_failures = Counter("embedstream_sink_failures_total", "Failed sink writes (retried)", registry=r)
+        self.chunks_unchanged = Counter("embedstream_chunks_unchanged_total",
+                                        "Chunks not embedded again: their point already holds the same content hash, "
+                                        "model and metadata", ["lane"], registry=r)
 
     def observe_stage(self, stage: str, lane: str, ms: float) -> None:
         self.stage.labels(stage=stage, lane=lane).observe(ms / 1000)
@@ -69,3 +72,25 @@ class WorkerMetrics:
             if offset is not None:
                 total += max(0, highwater - offset)
         self.consumer_lag.labels(lane=lane).set(total)
+
+
+class CdcMetrics:
+    """Metrics of the CDC bridge (Debezium topic -> chunk topic)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.events = Counter("embedstream_cdc_events_total", "Change events applied, by Debezium op (tombstone included)",
+                              ["op"], registry=r)
+        self.chunks = Counter("embedstream_cdc_chunks_published_total", "ChunkEvents published by the CDC bridge",
+                              registry=r)
+        self.deletes = Counter("embedstream_cdc_deletes_published_total", "DocumentDeletes published by the CDC bridge",
+                               registry=r)
+        self.dead_letters = Counter("embedstream_dead_letters_total", "Records sent to the dead-letter topic",
+                                    ["lane", "code"], registry=r)
+        self.publish_failures = Counter("embedstream_cdc_publish_failures_total",
+                                        "Failed publishes to the chunk topic (retried)", registry=r)
+        self.consumer_lag = Gauge("embedstream_consumer_lag", "Records behind the log end, per lane", ["lane"], registry=r)
+
+    def lag(self, lane: str, consumer) -> None:
+        WorkerMetrics.lag(self, lane, consumer)  # type: ignore[arg-type] - same gauge name and logic

@@ -35,6 +35,11 @@ class OffsetTracker:
         out, self._committable = self._committable, {}
         return out
 
+    def retry(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Put back drained offsets whose commit failed; the next drain returns them (or later ones)."""
+        for tp, offset in offsets.items():
+            self._committable[tp] = max(offset, self._committable.get(tp, offset))
+
     def forget(self, partitions: set[tuple[str, int]]) -> None:
         """Drop state for partitions this worker no longer owns (after a rebalance)."""
         for tp in partitions:

@@ -17,12 +17,16 @@ def open_settings_store(settings: Settings):
     return open_store(q.url, q.api_key.get_secret_value() if q.api_key else None, q.path)
 
 
+def sink_config_from(settings: Settings) -> SinkConfig:
+    q = settings.qdrant
+    return SinkConfig(q.vector_datatype, q.quantization, tuple(q.matryoshka_dims), versioned=q.versioned_collections)
+
+
 def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | None = None, store=None,
                        options: WorkerOptions | None = None, engine: Engine | None = None) -> EmbedWorker:
     engine = engine or Engine.from_name(model or settings.default_model, settings)
     store = store if store is not None else open_settings_store(settings)
-    sink_config = SinkConfig(settings.qdrant.vector_datatype, settings.qdrant.quantization,
-                             tuple(settings.qdrant.matryoshka_dims))
+    sink_config = sink_config_from(settings)
     sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config)
     options = options or WorkerOptions(lanes=lanes, online_window_ms=settings.kafka.online_batch_window_ms)
     return EmbedWorker(settings, engine, sink, options, WorkerMetrics(model=engine.spec.name))

@@ -35,6 +35,7 @@ class SinkConfig:
     datatype: str = "float32"  # float32 | float16 | uint8
     quantization: str = "none"  # none | scalar | binary
     matryoshka_dims: tuple[int, ...] = ()
+    versioned: bool = False  # create the default collection as <name>_v1 behind alias <name>
 
 
 @dataclass
@@ -67,6 +68,19 @@ def _stored(vector: np.ndarray, datatype: str) -> tuple[list, float | None]:
     return vector.astype(np.float32).tolist(), None
 
 
+# Payload keys the sink writes itself; the rest of a payload is the event's metadata.
+_SINK_KEYS = frozenset({"doc_id", "chunk_id", "content_hash", "text", "model", "source"})
+
+
+def _user_metadata(payload: dict) -> dict:
+    return {k: v for k, v in payload.items() if k not in _SINK_KEYS and not k.startswith("_scale")}
+
+
+def _stored_fingerprint(payload: dict) -> tuple:
+    """What decides whether a chunk must be embedded again: content hash, model, metadata."""
+    return payload.get("content_hash"), payload.get("model"), _user_metadata(payload)
+
+
 class QdrantSink:
     """Writes chunk points and applies deletes; ``wait=True`` so commits follow durable writes."""
 
@@ -82,9 +96,18 @@ class QdrantSink:
         target = name or self.default_collection
         if target not in self._ready:
             if self.store.get_alias(target) is None:
-                self.store.ensure_collection(target, self.vectors, payload_indexes=("doc_id",))
+                if self.config.versioned and target == self.default_collection and not self.store.collection_exists(target):
+                    first = f"{target}_v1"  # readers and writers use the alias; reindex swaps it later
+                    self.store.ensure_collection(first, self.vectors, payload_indexes=("doc_id",))
+                    self.store.set_alias(target, first)
+                else:
+                    self.store.ensure_collection(target, self.vectors, payload_indexes=("doc_id",))
             self._ready.add(target)
         return target
+
+    def ensure(self, name: str) -> str:
+        """Create ``name`` (a collection or an alias's target) with this model's vectors if missing."""
+        return self._collection(name)
 
     def to_point(self, item: EmbeddedChunk) -> Point:
         ev = item.event
@@ -114,9 +137,36 @@ class QdrantSink:
             self.store.upsert(collection, points, wait=True)
         return len(items)
 
+    def unchanged(self, events: list[ChunkEvent]) -> list[bool]:
+        """Per event: does its point already hold this content hash, this model and this metadata?
+
+        One payload lookup per target collection. Events are taken in order, so a chunk that an
+        earlier event of the same list changes is not "unchanged" even if the store still matches it.
+        """
+        out = [False] * len(events)
+        by_collection: dict[str, list[int]] = {}
+        for i, ev in enumerate(events):
+            by_collection.setdefault(self._collection(ev.collection), []).append(i)
+        for collection, indexes in by_collection.items():
+            ids = [point_id(events[i].doc_id, events[i].chunk_id) for i in indexes]
+            current = {pid: _stored_fingerprint(payload) for pid, payload in self.store.get_payloads(collection, ids).items()}
+            for i, pid in zip(indexes, ids):
+                ev = events[i]
+                wanted = (ev.content_hash, self.spec.name, _user_metadata(ev.metadata))
+                if current.get(pid) == wanted:
+                    out[i] = True
+                else:
+                    current[pid] = wanted
+        return out
+
     def delete(self, event: DocumentDelete) -> None:
         collection = self._collection(event.collection)
-        if event.chunk_ids is None:
-            self.store.delete_by_field(collection, "doc_id", event.doc_id)
-        else:
+        if event.chunk_ids is not None:
             self.store.delete_points(collection, [point_id(event.doc_id, c) for c in event.chunk_ids])
+        elif event.from_chunk is not None:
+            stale = [p.id for p in self.store.scroll(collection, "doc_id", event.doc_id)
+                     if int(p.payload.get("chunk_id", -1)) >= event.from_chunk]
+            if stale:
+                self.store.delete_points(collection, stale)
+        else:
+            self.store.delete_by_field(collection, "doc_id", event.doc_id)

@@ -153,3 +153,12 @@ def resolve_model(name: str, registry: dict[str, ModelConfig]) -> ModelSpec:
     if folder.is_dir():
         return build_spec(folder.name, ModelConfig(path=str(folder)))
     raise UnknownModelError(name, list(registry))
+
+
+def output_dimensions(spec: ModelSpec) -> int:
+    """Embedding size of a model, read from its config (no weights loaded): sizes a collection."""
+    hf = _read_json(spec.path / "config.json") or {}
+    size = int(hf.get("hidden_size") or hf.get("d_model") or 0)
+    if size < 1:
+        raise ConfigError(f"model {spec.name!r}: config.json has no hidden_size")
+    return size

@@ -229,6 +229,13 @@ class VectorStore(ABC):
         """All points (optionally those matching ``field == value``), ordered by id."""
 
     @abstractmethod
+    def get_payloads(self, name: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Payloads of the points with these ids, in one round trip: canonical id -> payload.
+
+        Ids with no point are left out (so ``len(result) <= len(ids)``).
+        """
+
+    @abstractmethod
     def search(
         self,
         name: str,
@@ -261,6 +268,15 @@ class VectorStore(ABC):
     @abstractmethod
     def list_aliases(self) -> dict[str, str]:
         """alias -> collection."""
+
+    def exists(self, name_or_alias: str) -> bool:
+        """True for a collection or an alias (what readers and writers may address)."""
+        return self.get_alias(name_or_alias) is not None or self.collection_exists(name_or_alias)
+
+    def drop(self, name_or_alias: str) -> bool:
+        """Delete a collection, or the collection behind an alias (with the alias); False if neither exists."""
+        target = self.get_alias(name_or_alias)
+        return self.delete_collection(target or name_or_alias)
 
     def resolve(self, name_or_alias: str) -> str:
         """Collection name behind ``name_or_alias``; CollectionNotFound if neither exists."""

@@ -420,6 +420,15 @@ class EdgeStore(VectorStore):
                     break
         return sorted_points(out)
 
+    def get_payloads(self, name: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not ids:
+            return {}
+        col = self.resolve(name)
+        pids = list(dict.fromkeys(normalize_id(i) for i in ids))
+        with self._rw.read():
+            records = self._shard(col).retrieve(pids, with_payload=True, with_vector=False)
+        return {normalize_id(r.id): dict(r.payload or {}) for r in records}
+
     def search(
         self,
         name: str,

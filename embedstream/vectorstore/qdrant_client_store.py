@@ -329,6 +329,16 @@ class QdrantClientStore(VectorStore):
                 break
         return sorted_points(out)
 
+    def get_payloads(self, name: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not ids:
+            return {}
+        pids = list(dict.fromkeys(normalize_id(i) for i in ids))
+        try:
+            records = self.client.retrieve(collection_name=name, ids=pids, with_payload=True, with_vectors=False)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+        return {normalize_id(r.id): dict(r.payload or {}) for r in records}
+
     def search(
         self,
         name: str,

@@ -1,0 +1,207 @@
+"""Replay the documents log: read full documents from a start point and publish their chunks again.
+
+The compacted documents topic (key = doc_id, value = DocumentRecord, null = deleted) is the
+source of truth a re-index rebuilds from, with any model or chunk size. The replay's position is
+kept as committed offsets of its own consumer group, committed only after the chunks it
+published for those records were acknowledged, so a crashed replay resumes where it stopped and
+re-publishing is harmless (point ids are deterministic).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from embedstream import logs
+from embedstream.config import KafkaSettings
+from producers.chunker import Chunker
+from producers.publisher import ChunkPublisher
+from producers.sources import Document
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import DeadLetter, DocumentDelete, DocumentRecord, ErrorInfo
+
+log = logs.get("embedstream.replay")
+
+_OFFSETS = re.compile(r"^\d+:\d+(,\d+:\d+)*$")
+
+
+@dataclass(frozen=True)
+class StartPosition:
+    """Where a replay starts when its group has no committed position yet."""
+
+    kind: str  # earliest | timestamp | offsets
+    timestamp_ms: int | None = None
+    offsets: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> StartPosition:
+        """'earliest', epoch milliseconds, an ISO-8601 time, or 'PARTITION:OFFSET,...'."""
+        text = text.strip()
+        if text == "earliest":
+            return cls("earliest")
+        if _OFFSETS.match(text):
+            pairs = (part.split(":") for part in text.split(","))
+            return cls("offsets", offsets={int(p): int(o) for p, o in pairs})
+        if text.isdigit():
+            return cls("timestamp", timestamp_ms=int(text))
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"--from must be 'earliest', epoch ms, an ISO-8601 time or PARTITION:OFFSET[,...]; got {text!r}"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return cls("timestamp", timestamp_ms=int(moment.timestamp() * 1000))
+
+
+@dataclass
+class ReplayProgress:
+    """Records read / to read in this pass, and what was published."""
+
+    read: int = 0
+    total: int = 0
+    documents: int = 0
+    deletes: int = 0
+    chunks: int = 0
+    bad: int = 0
+    resumed: bool = False
+
+
+class DocumentReplay:
+    """One pass over the documents log, from the group's committed position (or ``start``) to the
+    end offsets seen when the pass begins; chunks go to ``publisher`` (its lane and collection)."""
+
+    def __init__(self, kafka: KafkaSettings, group_id: str, start: StartPosition, publisher: ChunkPublisher,
+                 chunker: Chunker, *, commit_every_s: float = 2.0, poll_records: int = 256,
+                 ignore_committed: bool = False):
+        self.kafka = kafka
+        self.topic = kafka.topic_documents
+        self.group_id = group_id
+        self.start = start
+        self.publisher = publisher
+        self.chunker = chunker
+        self.commit_every_s = commit_every_s
+        self.ignore_committed = ignore_committed
+        self.consumer = KafkaConsumer(
+            **kafka.client_kwargs(), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
+            fetch_max_wait_ms=100, max_poll_records=poll_records, client_id=f"embedstream-replay-{group_id}",
+        )
+        self._dead_letters = KafkaProducer(**kafka.client_kwargs(), acks="all")
+        self.partitions = self._partitions()
+        self.consumer.assign(self.partitions)  # manual assignment: no group join, offsets still stored
+
+    def _partitions(self, timeout_s: float = 30.0) -> list[TopicPartition]:
+        end = time.monotonic() + timeout_s
+        while True:
+            found = self.consumer.partitions_for_topic(self.topic)
+            if found:
+                return [TopicPartition(self.topic, p) for p in sorted(found)]
+            if time.monotonic() > end:
+                raise RuntimeError(f"topic {self.topic!r} has no partitions (does it exist?)")
+            time.sleep(0.2)
+
+    def _seek(self, progress: ReplayProgress) -> None:
+        """Committed offsets win (resume); otherwise the requested start."""
+        missing = []
+        for tp in self.partitions:
+            committed = None if self.ignore_committed else self.consumer.committed(tp)
+            if committed is not None:
+                self.consumer.seek(tp, committed)
+                progress.resumed = True
+            else:
+                missing.append(tp)
+        if not missing:
+            return
+        if self.start.kind == "earliest":
+            self.consumer.seek_to_beginning(*missing)
+        elif self.start.kind == "offsets":
+            beginning = self.consumer.beginning_offsets(missing)
+            for tp in missing:
+                self.consumer.seek(tp, max(self.start.offsets.get(tp.partition, 0), beginning[tp]))
+        else:
+            found = self.consumer.offsets_for_times({tp: self.start.timestamp_ms for tp in missing})
+            ends = self.consumer.end_offsets(missing)
+            for tp in missing:
+                self.consumer.seek(tp, found[tp].offset if found.get(tp) is not None else ends[tp])
+
+    def run(self, on_progress: Callable[[ReplayProgress], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> ReplayProgress:
+        """Replay up to the current end; returns what was read and published."""
+        progress = ReplayProgress()
+        self._seek(progress)
+        ends = self.consumer.end_offsets(self.partitions)
+        positions = {tp: self.consumer.position(tp) for tp in self.partitions}
+        progress.total = sum(max(0, ends[tp] - positions[tp]) for tp in self.partitions)
+        if on_progress:
+            on_progress(progress)
+        last_commit = time.monotonic()
+        while any(self.consumer.position(tp) < ends[tp] for tp in self.partitions):
+            if should_stop and should_stop():
+                break
+            batches = self.consumer.poll(timeout_ms=500)
+            records = [r for tp in self.partitions for r in batches.get(tp, []) if r.offset < ends[tp]]
+            if len(records) < sum(len(v) for v in batches.values()):  # read past this pass's end: step back
+                for tp, recs in batches.items():
+                    beyond = [r.offset for r in recs if r.offset >= ends[tp]]
+                    if beyond:
+                        self.consumer.seek(tp, min(beyond))
+            self._publish(records, progress)
+            progress.read += len(records)
+            if on_progress:
+                on_progress(progress)
+            if time.monotonic() - last_commit >= self.commit_every_s:
+                self._commit()
+                last_commit = time.monotonic()
+        self._commit()
+        return progress
+
+    def _publish(self, records: list, progress: ReplayProgress) -> None:
+        """Publish in log order; documents are chunked together up to the next tombstone."""
+        documents: list[Document] = []
+        for record in records:
+            key = record.key.decode("utf-8", "replace") if record.key is not None else None
+            if record.value is None:  # tombstone: the document was deleted (after what came before it)
+                if key:
+                    self._publish_documents(documents, progress)
+                    documents = []
+                    self.publisher.publish_delete(DocumentDelete(doc_id=key, collection=self.publisher.collection))
+                    progress.deletes += 1
+                continue
+            try:
+                event = decode(record.value, DocumentRecord)
+            except DecodeError as err:
+                self._dead_letter(record, err.to_error_info())
+                progress.bad += 1
+                continue
+            documents.append(Document(event.doc_id, event.text, event.metadata))
+        self._publish_documents(documents, progress)
+
+    def _publish_documents(self, documents: list[Document], progress: ReplayProgress) -> None:
+        if not documents:
+            return
+        chunked = self.chunker.chunk_many([d.text for d in documents])
+        for document, chunks in zip(documents, chunked):
+            progress.chunks += self.publisher.publish_chunks(document, chunks, trim=True)
+        progress.documents += len(documents)
+
+    def _dead_letter(self, record, error: ErrorInfo) -> None:
+        letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
+                                        error, worker=f"replay:{self.group_id}")
+        self._dead_letters.send(self.kafka.topic_dead_letters, key=record.key, value=encode(letter))
+
+    def _commit(self) -> None:
+        """Positions become durable only after everything published for them was acknowledged."""
+        self.publisher.flush()
+        self._dead_letters.flush()
+        self.consumer.commit({tp: OffsetAndMetadata(self.consumer.position(tp), "", -1) for tp in self.partitions})
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)
+        self._dead_letters.close()
