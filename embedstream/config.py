@@ -54,6 +54,9 @@ class EngineSettings(BaseModel):
     backend: Literal["auto", "packed", "hf"] = Field(
         default="auto", description="auto: padding-free packed path when the architecture is covered, else HF"
     )
+    max_text_bytes: int = Field(
+        default=1_000_000, ge=1, description="Refuse a text (or query, passage) above this many UTF-8 bytes before tokenizing"
+    )
 
     @field_validator("max_batch_tokens", "max_batch_requests")
     @classmethod
@@ -89,6 +92,9 @@ class KafkaSettings(BaseModel):
     group_rerank: str = "embedstream-rerank"
     group_cdc: str = Field(default="embedstream-cdc", description="Consumer group of the CDC bridge (Debezium topics)")
     fetch_max_wait_ms: int = Field(default=10, description="Short fetch wait: request-reply needs it")
+    max_record_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1, description="Dead-letter a record value above this size without parsing it"
+    )
     online_batch_window_ms: float = Field(default=2.0, description="Max wait to grow an online batch")
     session_timeout_ms: int | None = Field(
         default=None,
@@ -138,5 +144,4 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
-    max_text_bytes: int = Field(default=1_000_000, description="Reject texts above this size before tokenizing")
     log_json: bool | None = None

@@ -46,19 +46,22 @@ def encode(model: BaseModel) -> bytes:
 
 
 @overload
-def decode(raw: bytes | bytearray | memoryview | str | None, model_type: type[M]) -> M: ...
+def decode(raw: bytes | bytearray | memoryview | str | None, model_type: type[M], max_bytes: int | None = None) -> M: ...
 @overload
-def decode(raw: bytes | bytearray | memoryview | str | None, model_type: TypeAdapter[T]) -> T: ...
+def decode(raw: bytes | bytearray | memoryview | str | None, model_type: TypeAdapter[T], max_bytes: int | None = None) -> T: ...
 @overload
-def decode(raw: bytes | bytearray | memoryview | str | None, model_type: Any) -> Any: ...
-def decode(raw: bytes | bytearray | memoryview | str | None, model_type: Any) -> Any:
+def decode(raw: bytes | bytearray | memoryview | str | None, model_type: Any, max_bytes: int | None = None) -> Any: ...
+def decode(raw: bytes | bytearray | memoryview | str | None, model_type: Any, max_bytes: int | None = None) -> Any:
     """Parse and validate one record value into a model class, a TypeAdapter, or a type such as a union.
 
-    Raises DecodeError with code ``empty_value`` (None / empty: a tombstone), ``malformed_json``
-    (not JSON, bad UTF-8, or not an object), ``unknown_schema_version`` or ``invalid_event``.
+    Raises DecodeError with code ``empty_value`` (None / empty: a tombstone), ``record_too_large``
+    (over ``max_bytes``, refused before parsing), ``malformed_json`` (not JSON, bad UTF-8, or not an
+    object), ``unknown_schema_version`` or ``invalid_event``.
     """
     if raw is None or len(raw) == 0:
         raise DecodeError("empty_value", "record has no value (tombstone or empty message)")
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise DecodeError("record_too_large", f"record value is {len(raw)} bytes, over the limit of {max_bytes} bytes")
     if isinstance(raw, memoryview):
         raw = raw.tobytes()
     try:

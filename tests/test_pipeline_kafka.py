@@ -83,6 +83,7 @@ def test_chunks_are_indexed_once_and_queries_answered(kafka_bootstrap, minilm_en
 
 def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, minilm_engine):
     settings = isolated_settings(kafka_bootstrap, "dlq")
+    settings.kafka.max_record_bytes = 20_000
     ensure_topics(settings.kafka, partitions=2)
     store = memory_store()
     topic = settings.kafka.topic_chunks_bulk
@@ -93,6 +94,7 @@ def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, min
         json.dumps({"schema_version": 1, "kind": "chunk", "chunk_id": 0, "text": "no doc id"}).encode(),
         encode(ChunkEvent(doc_id="long", chunk_id=0, text="word " * 600)),
         encode(ChunkEvent(doc_id="model", chunk_id=0, text="fine text", model="no-such-model")),
+        encode(ChunkEvent(doc_id="huge", chunk_id=0, text="x" * 30_000)),
     ]
     producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
     values = [encode(e) for e in good]
@@ -106,7 +108,8 @@ def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, min
         letters = read_dead_letters(settings, len(poison))
         wait_for(lambda: worker.offsets["bulk"].outstanding() == 0, 30, "all records finished")
     codes = sorted(letter.error.code for letter in letters)
-    assert codes == sorted(["malformed_json", "unknown_schema_version", "invalid_event", "too_long", "unknown_model"])
+    assert codes == sorted(["malformed_json", "unknown_schema_version", "invalid_event", "too_long", "unknown_model",
+                            "record_too_large"])
     assert all(letter.error.message for letter in letters)
     assert {letter.raw_bytes() for letter in letters} == set(poison)
     # everything was finished, so the group's committed offset is the log end

@@ -143,9 +143,9 @@ class EmbedWorker(WorkerLoop):
             handle = self.offsets[lane].track(record.topic, record.partition, record.offset)
             try:
                 if record.topic == self.kafka.topic_queries:
-                    event = decode(record.value, QueryRequest)
+                    event = decode(record.value, QueryRequest, self.kafka.max_record_bytes)
                 else:
-                    event = decode(record.value, CHUNK_TOPIC_ADAPTER)
+                    event = decode(record.value, CHUNK_TOPIC_ADAPTER, self.kafka.max_record_bytes)
             except DecodeError as err:
                 self._dead_letter(record, err.to_error_info(), handle, lane)
                 continue

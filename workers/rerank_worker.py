@@ -137,7 +137,7 @@ class RerankWorker(WorkerLoop):
             search = record.topic == self.kafka.topic_search
             lane = LANE_SEARCH if search else LANE_RERANK
             try:
-                request = decode(record.value, SearchRequest if search else RerankRequest)
+                request = decode(record.value, SearchRequest if search else RerankRequest, self.settings.kafka.max_record_bytes)
             except DecodeError as err:
                 self._dead_letter(record, err.to_error_info(), handle, lane)
                 continue

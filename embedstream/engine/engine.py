@@ -110,6 +110,7 @@ class Engine:
         lowercase = bool(_st_lowercase(spec))
         self.tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, lowercase)
         self.dimensions = self.runner.hidden_size
+        self.max_text_bytes = settings.max_text_bytes
 
     @classmethod
     def from_name(cls, name: str, settings: Settings | None = None) -> "Engine":
@@ -130,7 +131,7 @@ class Engine:
             raise EngineError("wrong_model_kind", f"model {self.spec.name!r} is a {self.spec.kind} model, not an embedder")
         for i, req in enumerate(requests):
             try:
-                TextTokenizer.check_text(req.text)
+                TextTokenizer.check_text(req.text, max_bytes=self.max_text_bytes)
                 postprocess.check_dimensions(req.dimensions, self.spec.matryoshka_dims, self.dimensions, self.spec.name)
                 postprocess.check_dtype(req.dtype)
                 todo.append(i)
@@ -200,8 +201,8 @@ class Engine:
         todo: list[int] = []
         for i, req in enumerate(requests):
             try:
-                TextTokenizer.check_text(req.query, "query")
-                TextTokenizer.check_text(req.passage, "passage")
+                TextTokenizer.check_text(req.query, "query", self.max_text_bytes)
+                TextTokenizer.check_text(req.passage, "passage", self.max_text_bytes)
                 todo.append(i)
             except EngineError as err:
                 results[i] = ScoreResult(req.id, error=err)

@@ -57,10 +57,15 @@ class TextTokenizer:
         self.special_pair = processor.num_special_tokens_to_add(True) if processor else 0
 
     @staticmethod
-    def check_text(text: object, field: str = "text") -> str:
-        """Reject what cannot be embedded, with a reason a user can act on."""
+    def check_text(text: object, field: str = "text", max_bytes: int | None = None) -> str:
+        """Reject what cannot be embedded, with a reason a user can act on. ``max_bytes`` bounds the
+        work one request can cause before the tokenizer ever sees it."""
         if not isinstance(text, str):
             raise EngineError("not_a_string", f"{field} must be a string, got {type(text).__name__}")
+        if max_bytes is not None and len(text) * 4 > max_bytes:  # cheap bound first; exact count only near the limit
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > max_bytes:
+                raise EngineError("text_too_large", f"{field} is {size} bytes, over the limit of {max_bytes} bytes")
         if not text.strip():
             raise EngineError("empty_text", f"{field} is empty")
         return text
