@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from embedstream.engine.attention import varlen_attention
 from embedstream.engine.packed import PackedBatch
 
+ROW_BLOCK = 256  # tokens per dense tile; measured against untiled on 1 and 2 threads (see _dense_tail)
 SUPPORTED_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "camembert"}
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -61,6 +62,7 @@ class PackedBertEncoder:
         self.head_dim = self.hidden // self.heads
         self.eps = config.layer_norm_eps
         self.act = _ACTIVATIONS[config.hidden_act]
+        self.row_block = ROW_BLOCK
         # RoBERTa-style position ids start after the padding index.
         self.position_offset = (config.pad_token_id + 1) if config.model_type != "bert" else 0
 
@@ -106,14 +108,35 @@ class PackedBertEncoder:
             x += self.token_type[batch.token_type_ids]
         x = F.layer_norm(x, (self.hidden,), *self.emb_ln, self.eps)
         total = x.shape[0]
+        block = min(self.row_block, total)
+        qkv = torch.empty(total, 3 * self.hidden, dtype=x.dtype, device=x.device)
+        up = torch.empty(block, self.layers[0].up_w.shape[0], dtype=x.dtype, device=x.device)
+        nxt = torch.empty_like(x)
         for layer in self.layers:
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(total, 3, self.heads, self.head_dim)
-            ctx = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], batch, causal=False)
-            h = F.linear(ctx.view(total, self.hidden), layer.out_w, layer.out_b)
-            h += x
-            x = F.layer_norm(h, (self.hidden,), *layer.ln1, self.eps)
-            h = self.act(F.linear(x, layer.up_w, layer.up_b))
-            h = F.linear(h, layer.down_w, layer.down_b)
-            h += x
-            x = F.layer_norm(h, (self.hidden,), *layer.ln2, self.eps)
+            for s, e in _blocks(total, block):  # bias copy stays in cache
+                torch.addmm(layer.qkv_b, x[s:e], layer.qkv_w.t(), out=qkv[s:e])
+            heads = qkv.view(total, 3, self.heads, self.head_dim)
+            ctx = varlen_attention(heads[:, 0], heads[:, 1], heads[:, 2], batch, causal=False).view(total, self.hidden)
+            for s, e in _blocks(total, block):
+                self._dense_tail(layer, x[s:e], ctx[s:e], nxt[s:e], up[: e - s])
+            x, nxt = nxt, x
         return x
+
+    def _dense_tail(self, layer: _Layer, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, up: torch.Tensor) -> None:
+        """Output projection, residual, norm, MLP, residual, norm for one block of rows.
+
+        Run per block of ``row_block`` tokens so the [block, intermediate] activation and every
+        elementwise pass over it stay in cache: fusion by tiling, at the GEMMs' full speed.
+        """
+        h = torch.addmm(layer.out_b, ctx, layer.out_w.t())
+        h += x
+        x1 = F.layer_norm(h, (self.hidden,), *layer.ln1, self.eps)
+        torch.addmm(layer.up_b, x1, layer.up_w.t(), out=up)
+        h = torch.addmm(layer.down_b, self.act(up), layer.down_w.t())
+        h += x1
+        out.copy_(F.layer_norm(h, (self.hidden,), *layer.ln2, self.eps))
+
+
+def _blocks(total: int, block: int):
+    for start in range(0, total, block):
+        yield start, min(total, start + block)

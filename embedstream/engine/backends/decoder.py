@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from embedstream.engine.attention import varlen_attention
+from embedstream.engine.backends.bert import ROW_BLOCK
 from embedstream.engine.packed import PackedBatch
 
 SUPPORTED_MODEL_TYPES = {"qwen3", "qwen2", "llama", "mistral"}
@@ -110,7 +111,8 @@ class PackedDecoder:
             k = k * cos + _rotate_half(k) * sin
             ctx = varlen_attention(q, k, v, batch, causal=True)
             x = x + F.linear(ctx.reshape(total, q_size), layer.o_w)
-            h = layer.norm2(x)
-            gate, up = F.linear(h, layer.gate_up_w).split(self.intermediate, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+            for start in range(0, total, ROW_BLOCK):  # the MLP per block of rows: activations stay in cache
+                rows = x[start : start + ROW_BLOCK]
+                gate, up = F.linear(layer.norm2(rows), layer.gate_up_w).split(self.intermediate, dim=-1)
+                rows.addmm_(F.silu(gate) * up, layer.down_w.t())  # residual added in the GEMM
         return self.final_norm(x)
