@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from embedstream import logs
 from embedstream import devkafka
 from embedstream.bench.corpus import documents
 from embedstream.config import Settings
@@ -32,7 +33,7 @@ QUERIES = [
 
 
 def run_demo(doc_count: int = 150, port: int = 9092) -> None:
-    console = Console()
+    console = logs.console()
     console.print(f"[bold]1.[/bold] starting Apache Kafka (KRaft) on 127.0.0.1:{port} ...")
     started_here = not devkafka.status(port=port).get("answering")
     info = devkafka.start(port=port)

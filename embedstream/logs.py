@@ -37,3 +37,11 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
 
 def get(name: str):
     return structlog.get_logger(name)
+
+
+def console():
+    """A rich Console for tables: as wide as the terminal, or 200 columns when piped to a file or CI log
+    (rich's 80-column default squeezes benchmark tables into unreadable cells)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)

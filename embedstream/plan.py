@@ -51,6 +51,8 @@ from typing import Optional
 
 import typer
 
+from embedstream import logs
+
 __all__ = [
     "BENCH_KEYS",
     "DEFAULT_STAGE_MS",
@@ -667,10 +669,9 @@ def stages_line(p: StagePlan) -> str:
 
 def render(plan: Plan, console=None) -> None:
     """Print the plan: one summary line per section, then its table."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or logs.console()
     say = lambda text: console.print(text, soft_wrap=True, highlight=False, markup=False)  # noqa: E731
 
     if plan.bench is not None:

@@ -78,7 +78,6 @@ def search(
     """Retrieve -> rerank through the rerank workers (Kafka request-reply); print the hits and every stage's time."""
     import uuid
 
-    from rich.console import Console
     from rich.table import Table
 
     from producers.query_client import QueryClient
@@ -99,7 +98,7 @@ def search(
             typer.echo(str(exc), err=True)
             raise typer.Exit(2) from None
         round_trip = now_ms() - sent
-    console = Console()
+    console = logs.console()
     if reply.error is not None:
         console.print(f"[red]{reply.error.code}[/red]: {reply.error.message}")
         raise typer.Exit(1)

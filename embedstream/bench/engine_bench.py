@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import torch
 
+from embedstream import logs
 from embedstream.bench.corpus import mixed_length_texts
 from embedstream.engine.engine import EmbedRequest, Engine
 
@@ -182,10 +183,9 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
 
 
 def print_table(rows: list[MethodResult], facts: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = logs.console()
     console.print(f"model {facts['model']} via {facts['path']}; corpus {facts['texts']} texts, "
                   f"{facts['real_tokens']} real tokens (p50 {facts['length_p50']:.0f}, max {facts['length_max']})")
     table = Table(title="bench engine (median of repeats)")

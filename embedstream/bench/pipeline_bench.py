@@ -22,6 +22,7 @@ import uuid
 
 import numpy as np
 
+from embedstream import logs
 from embedstream import devkafka
 from embedstream.bench.corpus import documents
 from embedstream.config import Settings
@@ -158,7 +159,6 @@ def run(docs: int = 400, queries: int = 200, port: int = 9092, online_threads: i
 
 
 def print_table(out: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"bench pipeline: {out['chunks']} chunks, {out['real_tokens']} real tokens; bulk worker "
@@ -172,4 +172,4 @@ def print_table(out: dict) -> None:
     table.add_row("query round trip idle p50 / p95 ms", f"{out['idle_p50']:.1f} / {out['idle_p95']:.1f}", "")
     table.add_row("query round trip under bulk backlog p50 / p95 ms", f"{out['busy_p50']:.1f} / {out['busy_p95']:.1f}", "p95 <= 30")
     table.add_row("backlog p95 / idle p95", f"{out['busy_over_idle_p95']:.2f}", "<= 1.5")
-    Console().print(table)
+    logs.console().print(table)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embedstream import logs
 from embedstream.bench.corpus import stdlib_paragraphs
 
 CACHE_DIR = Path.home() / ".cache" / "embedstream"
@@ -205,10 +206,9 @@ def run(model: str = "all-MiniLM-L6-v2", queries: int = 200, k: int = 10, rescor
 
 
 def print_table(result: QualityResult, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or logs.console()
     table = Table(title=(f"recall@{result.k} vs exact float32: {result.model} ({result.dims}-d), {result.chunks} real chunks, "
                          f"{result.queries} held-out paragraph queries, rescoring = float32 on {result.k * result.rescore} "
                          f"candidates"))

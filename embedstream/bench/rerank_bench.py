@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embedstream import logs
 from embedstream.bench.corpus import documents, stdlib_paragraphs
 from embedstream.config import ModelConfig, Settings, default_registry
 from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest
@@ -290,10 +291,9 @@ def run(model: str | None = None, threads: int | None = None, requests: int = 4,
 
 
 def print_table(result: RerankBenchResult, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or logs.console()
     title = (f"rerank: {result.model} ({result.path}), {result.requests} requests x {result.candidates} candidates, "
              f"passages {result.tokens}±{result.spread} tokens (mean {result.mean_passage_tokens:.0f}), "
              f"threads {result.threads or 'all'}")
