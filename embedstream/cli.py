@@ -335,6 +335,26 @@ def bench_pipeline(
     pipeline_bench.print_table(pipeline_bench.run(docs, queries, port, online_threads, bulk_nice))
 
 
+@bench_app.command("stall")
+def bench_stall(
+    mode: list[str] = typer.Option(["fail", "block"], help="fail (writes raise) | block (writes hang); repeat for both"),
+    chunks: int = typer.Option(20000, help="Chunks in the bulk backlog"),
+    words: int = typer.Option(60, help="Words per chunk (about 80 tokens)"),
+    warmup: float = typer.Option(8.0, help="Seconds of normal draining before the stall"),
+    stall: float = typer.Option(30.0, help="Seconds the sink stalls"),
+    recover: float = typer.Option(10.0, help="Seconds sampled after the sink recovers"),
+    port: int = typer.Option(9092, help="Local broker port (started if not running)"),
+) -> None:
+    """Memory under a stalled sink: RSS, queued tokens, paused consumer, committed offsets, every second."""
+    from embedstream.bench import stall_bench
+
+    bad = [m for m in mode if m not in stall_bench.MODES]
+    if bad:
+        raise typer.BadParameter(f"mode must be one of {stall_bench.MODES}, got {bad}")
+    logs.configure(level="ERROR")
+    stall_bench.print_results(stall_bench.run(mode, port, chunks, words, warmup, stall, recover))
+
+
 @kafka_app.command("start")
 def kafka_start(port: int = typer.Option(9092), data_dir: Optional[str] = typer.Option(None)) -> None:
     """Resolve the broker jars (once), format KRaft storage (once) and start; returns when it answers."""

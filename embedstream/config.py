@@ -100,10 +100,15 @@ class KafkaSettings(BaseModel):
         default=None,
         description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client default, 45 s)",
     )
+    reconnect_backoff_max_ms: int = Field(
+        default=1000,
+        description="Longest wait between reconnect attempts (kafka-python's own default, 30 s, idles clients that long after a broker restart)",
+    )
 
     def client_kwargs(self) -> dict:
         """kafka-python connection kwargs shared by producers, consumers and admin clients."""
-        kwargs: dict = {"bootstrap_servers": self.bootstrap_servers.split(","), "security_protocol": self.security_protocol}
+        kwargs: dict = {"bootstrap_servers": self.bootstrap_servers.split(","), "security_protocol": self.security_protocol,
+                        "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms}
         if self.sasl_mechanism:
             kwargs["sasl_mechanism"] = self.sasl_mechanism
             kwargs["sasl_plain_username"] = self.sasl_username

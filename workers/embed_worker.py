@@ -78,7 +78,8 @@ class _Revocations(ConsumerRebalanceListener):
         self.worker, self.lane = worker, lane
 
     def on_partitions_revoked(self, revoked):
-        self.worker._commit(self.lane)
+        # kafka-python 3 calls this on the consumer's IO thread, which refuses blocking calls: commit async
+        self.worker._commit(self.lane, wait=False)
         self.worker._drop(self.lane, {(tp.topic, tp.partition) for tp in revoked})
 
     def on_partitions_assigned(self, assigned):
@@ -378,7 +379,7 @@ class EmbedWorker(WorkerLoop):
             for lane in self.paused:
                 self.paused[lane] = False
 
-    def _commit(self, lane: str) -> None:
+    def _commit(self, lane: str, wait: bool = True) -> None:
         self.producer.flush()  # dead letters and replies are acknowledged (and marked done) first
         offsets = self.offsets[lane].drain()
         if not offsets:
@@ -386,7 +387,14 @@ class EmbedWorker(WorkerLoop):
         consumer = self.consumers[lane]
         owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
         commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
-        if commit:
+        if commit and not wait:
+            def reported(_offsets, result) -> None:
+                if isinstance(result, Exception):
+                    log.warning("offset commit at revocation failed", lane=lane, error=str(result)[:300])
+
+            # sent ahead of the JoinGroup on the coordinator connection, so the broker applies it first
+            consumer.commit_async(commit, callback=reported)
+        elif commit:
             try:
                 consumer.commit(commit)
             except KafkaError as exc:  # broker away past the request timeout, or a rebalance: retry later
