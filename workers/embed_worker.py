@@ -67,6 +67,8 @@ class WorkerOptions:
     online_quiet_s: float = 1.0  # online counts as "recent" for this long after its last item
     max_queue_tokens: int = 65536  # per lane; above it the lane's partitions are paused
     sink_backoff_s: tuple[float, float] = (0.2, 10.0)
+    commit_interval_s: float = 0.25  # under load; an idle loop commits at once
+    flush_timeout_s: float = 30.0  # a producer stuck after a long broker outage must not hang the loop
     skip_unchanged: bool = True  # do not embed a chunk whose point already has its content hash, model, metadata
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{threading.get_ident()}")
 
@@ -104,6 +106,7 @@ class EmbedWorker(WorkerLoop):
         self.offsets = {lane: OffsetTracker() for lane in self.options.lanes}
         self.paused: dict[str, bool] = {lane: False for lane in self.options.lanes}
         self.last_online = 0.0
+        self.last_commit = 0.0
         super().__init__()
         client = self.kafka.client_kwargs()
         self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)
@@ -124,6 +127,10 @@ class EmbedWorker(WorkerLoop):
                 metadata_max_age_ms=10_000,
                 **({"session_timeout_ms": self.kafka.session_timeout_ms} if self.kafka.session_timeout_ms else {}),
             )
+            # Metadata before the join: joined without it, the group starts with no partitions and
+            # kafka-python 3.0.12 can then stall for good in its next fetch (seen in the broker tests).
+            for topic in topics[lane]:
+                consumer.partitions_for_topic(topic)
             consumer.subscribe(topics[lane], listener=_Revocations(self, lane))
             self.consumers[lane] = consumer
 
@@ -380,7 +387,11 @@ class EmbedWorker(WorkerLoop):
                 self.paused[lane] = False
 
     def _commit(self, lane: str, wait: bool = True) -> None:
-        self.producer.flush()  # dead letters and replies are acknowledged (and marked done) first
+        try:  # dead letters and replies are acknowledged (and marked done) first
+            self.producer.flush(timeout=self.options.flush_timeout_s)
+        except KafkaError as exc:  # unacknowledged sends stay unfinished, so their offsets are not committed
+            log.error("dead letters or replies not acknowledged; committing only finished work",
+                      lane=lane, error=str(exc)[:300])
         offsets = self.offsets[lane].drain()
         if not offsets:
             return
@@ -412,9 +423,14 @@ class EmbedWorker(WorkerLoop):
         batch = self._next_batch()
         if batch:
             self._process(batch)
-        for lane in self.options.lanes:
-            self._commit(lane)
-            self.metrics.lag(lane, self.consumers[lane])
+        now = time.monotonic()
+        # A synchronous commit is a broker round trip: under load, commit every commit_interval_s
+        # (a crash redoes at most that much, harmlessly: upserts are idempotent); when idle, at once.
+        if not batch or now - self.last_commit >= self.options.commit_interval_s:
+            for lane in self.options.lanes:
+                self._commit(lane)
+                self.metrics.lag(lane, self.consumers[lane])
+            self.last_commit = now
         return len(batch)
 
     def _timeout(self, lane: str, wanted_ms: int) -> int:
@@ -437,12 +453,25 @@ class EmbedWorker(WorkerLoop):
 
 
 def _deleted_earlier(batch: list[WorkItem]) -> set[int]:
-    """Items (by id) whose document has a delete earlier in the batch: the store will change under them."""
-    deleted: set[str] = set()
+    """Items (by id) whose point a delete earlier in the batch may remove: the store will change under them.
+
+    A tail delete (``from_chunk``) only reaches chunks at or beyond it, so the chunks of an update
+    published again after its own tail delete (a redelivery) can still be skipped."""
+    deletes: dict[str, list[DocumentDelete]] = {}
     out: set[int] = set()
     for item in batch:
-        if isinstance(item.event, DocumentDelete):
-            deleted.add(item.event.doc_id)
-        elif isinstance(item.event, ChunkEvent) and item.event.doc_id in deleted:
+        event = item.event
+        if isinstance(event, DocumentDelete):
+            deletes.setdefault(event.doc_id, []).append(event)
+        elif isinstance(event, ChunkEvent) and any(_may_remove(d, event.chunk_id) for d in deletes.get(event.doc_id, ())):
             out.add(id(item))
     return out
+
+
+def _may_remove(delete: DocumentDelete, chunk_id: int) -> bool:
+    """Whether the delete reaches this chunk (the sink's rule: chunk_ids, else from_chunk, else everything)."""
+    if delete.chunk_ids is not None:
+        return chunk_id in delete.chunk_ids
+    if delete.from_chunk is not None:
+        return chunk_id >= delete.from_chunk
+    return True
