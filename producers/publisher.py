@@ -180,10 +180,11 @@ class ChunkPublisher:
         chunked = chunker.chunk_many([doc.text for doc in batch])
         return sum(self._publish_chunks(doc, chunks, replace) for doc, chunks in zip(batch, chunked))
 
-    def publish_chunks(self, document: Document, chunks: list[str], trim: bool = True) -> int:
-        """Publish already-chunked text (no documents-log record); with ``trim`` a delete of the chunks
-        past the new count follows, so a document that shrank loses its leftover chunks."""
-        count = self._publish_chunks(document, chunks, replace=False, record=False)
+    def publish_chunks(self, document: Document, chunks: list[str], trim: bool = True, record: bool = False) -> int:
+        """Publish already-chunked text (a documents-log record only with ``record``, e.g. from the CDC
+        bridge; a replay must not); with ``trim`` a delete of the chunks past the new count follows, so
+        a document that shrank loses its leftover chunks."""
+        count = self._publish_chunks(document, chunks, replace=False, record=record)
         if trim:
             self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
         return count

@@ -127,11 +127,13 @@ class EmbedWorker(WorkerLoop):
                 metadata_max_age_ms=10_000,
                 **({"session_timeout_ms": self.kafka.session_timeout_ms} if self.kafka.session_timeout_ms else {}),
             )
-            # Metadata before the join: joined without it, the group starts with no partitions and
-            # kafka-python 3.0.12 can then stall for good in its next fetch (seen in the broker tests).
+            consumer.subscribe(topics[lane], listener=_Revocations(self, lane))
+            # Topic metadata before the first join (after subscribe, so the group's metadata snapshot
+            # takes it in): joined without it, the group starts with no partitions, and kafka-python
+            # 3.0.12 can then stall in its next fetch for good. Primed before subscribe, the snapshot
+            # misses it and the first metadata refresh forces a second rebalance.
             for topic in topics[lane]:
                 consumer.partitions_for_topic(topic)
-            consumer.subscribe(topics[lane], listener=_Revocations(self, lane))
             self.consumers[lane] = consumer
 
     # -- intake ---------------------------------------------------------------------------------

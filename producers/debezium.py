@@ -1,0 +1,304 @@
+"""Debezium change events -> what happened to which document: a pure parser, no Kafka.
+
+Accepts what Kafka Connect's JsonConverter writes, with or without the ``{"schema", "payload"}``
+wrapper (``schemas.enable``), for the key and for the value:
+
+* relational connectors (PostgreSQL, MySQL, ...): ``before`` / ``after`` are row objects;
+* the MongoDB connector: ``before`` / ``after`` are JSON *strings* in MongoDB extended JSON
+  (``{"_id": {"$oid": "..."}}``, ``{"$numberLong": "7"}``), and the key's ``id`` is the document's
+  ``_id`` serialised the same way.
+
+Ops: ``c`` (create), ``r`` (snapshot read) and ``u`` (update) carry the new row; ``d`` (delete) and a
+tombstone (null value) remove the document; ``t`` (truncate) concerns a whole table. The document id
+is ``after[id_field]`` (``before[id_field]`` for a delete), falling back to the key. Text is the
+configured text fields joined by a blank line; metadata the configured metadata fields plus
+``cdc_source`` (``db.schema.table`` or ``db.collection``). Anything that does not fit raises
+:class:`CdcError`, whose ``code`` goes into the dead letter.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from schemas.events import ErrorInfo
+
+UPSERT_OPS = frozenset({"c", "r", "u"})
+KNOWN_OPS = frozenset({"c", "r", "u", "d", "t"})
+TEXT_SEPARATOR = "\n\n"
+SOURCE_KEY = "cdc_source"
+
+CdcErrorCode = Literal[
+    "malformed_json",  # key or value is not JSON (or a document string inside it is not a JSON object)
+    "invalid_envelope",  # not a Debezium envelope: no op, no before/after, wrong types
+    "unknown_op",  # op other than c, r, u, d, t
+    "missing_after",  # c / r / u whose after is null (e.g. a MongoDB update without the full document)
+    "missing_id",  # no id in the row and none in the key
+    "invalid_id",  # an id that is not a string, number or ObjectId-like value
+    "non_text_field",  # a configured text field holds something other than a string
+    "truncate_refused",  # a table truncate, refused by configuration (set by the bridge)
+]
+
+
+class CdcError(ValueError):
+    """A change event that cannot be applied; ``code`` is stable, ``message`` is for people."""
+
+    def __init__(self, code: CdcErrorCode, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code: CdcErrorCode = code
+        self.message = message
+
+    def to_error_info(self) -> ErrorInfo:
+        return ErrorInfo(code=self.code, message=self.message)
+
+
+@dataclass(frozen=True)
+class CdcConfig:
+    """Which fields of a row make a document."""
+
+    id_field: str
+    text_fields: tuple[str, ...]
+    metadata_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.id_field:
+            raise ValueError("id_field must not be empty")
+        if not self.text_fields or not all(self.text_fields):
+            raise ValueError("at least one (non-empty) text field is needed")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change event, reduced to what the index needs.
+
+    ``op`` is the Debezium op, or ``"tombstone"`` for a null value. For c / r / u ``text`` is the
+    document's new text; ``previous_doc_id`` is set when an update moved the row to another id
+    (the old id's chunks must go). ``doc_id`` is None only for a truncate.
+    """
+
+    op: str
+    doc_id: str | None
+    text: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    previous_doc_id: str | None = None
+
+    @property
+    def is_upsert(self) -> bool:
+        return self.op in UPSERT_OPS
+
+    @property
+    def is_delete(self) -> bool:
+        return self.op in ("d", "tombstone")
+
+
+def parse_change(key: bytes | str | None, value: bytes | str | None, config: CdcConfig) -> Change:
+    """Parse one Kafka record of a Debezium topic; raises CdcError when it cannot be applied."""
+    envelope = _load(value, "value")
+    if envelope is None:  # tombstone: only the key says which document
+        return Change("tombstone", _id_from_key(key, config))
+    if not isinstance(envelope, dict):
+        raise CdcError("malformed_json", f"the value must be a JSON object, got {_kind(envelope)}")
+    op = envelope.get("op")
+    if op is None:
+        raise CdcError("invalid_envelope", "no 'op' field: not a Debezium change event envelope "
+                                           "(records flattened by ExtractNewRecordState are not supported)")
+    if not isinstance(op, str) or op not in KNOWN_OPS:
+        raise CdcError("unknown_op", f"op {json.dumps(op)} is not one of c, r, u, d, t")
+    source = _source_name(envelope.get("source"))
+    if op == "t":
+        return Change("t", None, source=source)
+    if "before" not in envelope and "after" not in envelope and op != "d":
+        raise CdcError("invalid_envelope", f"op {op!r} event has neither 'before' nor 'after'")
+    before = _document(envelope.get("before"), "before")
+    after = _document(envelope.get("after"), "after")
+    if op == "d":
+        doc_id = _id_from_row(before, config) if before is not None else None
+        return Change("d", doc_id if doc_id is not None else _id_from_key(key, config), source=source)
+    if after is None:
+        hint = " (MongoDB: set capture.mode to a *_update_full mode so updates carry the whole document)" \
+            if "patch" in envelope or "updateDescription" in envelope else ""
+        raise CdcError("missing_after", f"op {op!r} event has no 'after' row{hint}")
+    doc_id = _id_from_row(after, config)
+    if doc_id is None:
+        doc_id = _id_from_key(key, config)
+    previous = _id_from_row(before, config) if before is not None else None
+    metadata = {name: value for name in config.metadata_fields
+                if (value := _lookup(after, name, _MISSING)) is not _MISSING}
+    if source:
+        metadata[SOURCE_KEY] = source
+    return Change(op, doc_id, document_text(after, config.text_fields), metadata, source,
+                  previous if previous is not None and previous != doc_id else None)
+
+
+def document_text(row: Mapping[str, Any], text_fields: Sequence[str]) -> str:
+    """The text fields joined by a blank line; missing, null and blank fields are skipped."""
+    parts = []
+    for name in text_fields:
+        value = _lookup(row, name, None)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise CdcError("non_text_field", f"text field {name!r} holds {_kind(value)}, not a string")
+        if value.strip():
+            parts.append(value)
+    return TEXT_SEPARATOR.join(parts)
+
+
+def unwrap(obj: Any) -> Any:
+    """The payload of JsonConverter's ``{"schema": ..., "payload": ...}`` wrapper; anything else as is."""
+    if isinstance(obj, dict) and "payload" in obj and "schema" in obj and len(obj) == 2:
+        return obj["payload"]
+    return obj
+
+
+def from_extended_json(value: Any) -> Any:
+    """MongoDB extended JSON (canonical or relaxed) -> plain JSON values, recursively.
+
+    ``{"$oid": h}`` -> h, ``{"$numberLong"|"$numberInt": s}`` -> int, ``{"$numberDouble": s}`` ->
+    float, ``{"$numberDecimal": s}`` -> s (precision kept), ``{"$date": x}`` -> x (epoch ms or ISO
+    string), ``{"$uuid": s}`` / ``{"$symbol": s}`` -> s. Other wrappers ($binary, $timestamp, ...)
+    stay objects.
+    """
+    if isinstance(value, list):
+        return [from_extended_json(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        (tag, inner), = value.items()
+        if tag in ("$oid", "$uuid", "$symbol", "$numberDecimal") and isinstance(inner, str):
+            return inner
+        if tag in ("$numberLong", "$numberInt") and isinstance(inner, (str, int)) and not isinstance(inner, bool):
+            try:
+                return int(inner)
+            except ValueError:
+                return inner
+        if tag == "$numberDouble" and isinstance(inner, (str, int, float)) and not isinstance(inner, bool):
+            try:
+                return float(inner)
+            except ValueError:
+                return inner
+        if tag == "$date":
+            return from_extended_json(inner)
+    return {k: from_extended_json(v) for k, v in value.items()}
+
+
+# -- internals -----------------------------------------------------------------------------------
+_MISSING = object()
+
+
+def _load(raw: bytes | str | None, what: str) -> Any:
+    """JSON of a key or value, unwrapped; None for a null/empty record or a null payload."""
+    if raw is None or len(raw) == 0:
+        return None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CdcError("malformed_json", f"the record {what} is not valid UTF-8 JSON: {exc}") from None
+    return unwrap(obj)
+
+
+def _document(raw: Any, where: str) -> dict[str, Any] | None:
+    """A row object, or a MongoDB document string decoded from extended JSON; None when null."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise CdcError("malformed_json", f"'{where}' is a string but not a JSON document: {exc}") from None
+        if not isinstance(doc, dict):
+            raise CdcError("malformed_json", f"'{where}' must decode to a JSON object, got {_kind(doc)}")
+        return from_extended_json(doc)
+    if isinstance(raw, dict):
+        return raw
+    raise CdcError("invalid_envelope", f"'{where}' must be an object, a JSON document string or null, got {_kind(raw)}")
+
+
+def _lookup(row: Mapping[str, Any], name: str, default: Any) -> Any:
+    """row[name], or a dotted path into nested objects ("meta.title") when no such key exists."""
+    if name in row:
+        return row[name]
+    node: Any = row
+    for part in name.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _id_from_row(row: Mapping[str, Any], config: CdcConfig) -> str | None:
+    value = _lookup(row, config.id_field, None)
+    return None if value is None else _id_string(value, f"field {config.id_field!r}")
+
+
+def _id_from_key(raw: bytes | str | None, config: CdcConfig) -> str:
+    """The document id from the record key: key[id_field], or the key's only field, or a scalar key."""
+    try:
+        key = _load(raw, "key")
+    except CdcError:  # a key that is not JSON (StringConverter): the text is the id
+        key = bytes(raw).decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray, memoryview)) else raw
+    if key is None:
+        raise CdcError("missing_id", f"no {config.id_field!r} in the event and the record has no key")
+    if not isinstance(key, dict):
+        return _id_string(key, "key")
+    if config.id_field in key:
+        value = key[config.id_field]
+    elif len(key) == 1:
+        (name, value), = key.items()
+        if name == "id" and isinstance(value, str) and config.id_field == "_id":
+            value = _mongo_key_id(value)  # MongoDB: the key's id is _id as extended JSON text
+    else:
+        raise CdcError("missing_id", f"no {config.id_field!r} in the event, and the key has no such field "
+                                     f"(key fields: {sorted(key)})")
+    if value is None:
+        raise CdcError("missing_id", f"no {config.id_field!r} in the event and the key's id is null")
+    return _id_string(value, "key")
+
+
+def _mongo_key_id(text: str) -> Any:
+    """'{"$oid": "5f..."}' -> '5f...', '"abc"' -> 'abc', '42' -> 42; other text as is."""
+    try:
+        return from_extended_json(json.loads(text))
+    except ValueError:
+        return text
+
+
+def _id_string(value: Any, where: str) -> str:
+    value = from_extended_json(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise CdcError("invalid_id", f"the document id ({where}) must be a string, a number or an ObjectId, "
+                                     f"got {_kind(value)}")
+    text = value if isinstance(value, str) else str(value)
+    if not text:
+        raise CdcError("missing_id", f"the document id ({where}) is empty")
+    return text
+
+
+def _source_name(source: Any) -> str | None:
+    """'db.schema.table' (relational) or 'db.collection' (MongoDB) from the envelope's source block."""
+    if not isinstance(source, dict):
+        return None
+    parts = [source.get(k) for k in ("db", "schema", "table")]
+    if not source.get("table") and source.get("collection"):
+        parts = [source.get("db"), source.get("collection")]
+    names = [str(p) for p in parts if p]
+    return ".".join(names) or None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
