@@ -110,7 +110,7 @@ def bench_engine(
     model: str = typer.Option("all-MiniLM-L6-v2", help="Registry name or local folder"),
     threads: list[int] = typer.Option([1, 2], help="torch threads; repeat the flag for several"),
     texts: int = typer.Option(600, help="Corpus size"),
-    repeats: int = typer.Option(1, help="Timed runs per method (median reported)"),
+    repeats: int = typer.Option(3, help="Timed runs per method, taken in turns (median reported)"),
     no_baselines: bool = typer.Option(False, "--no-baselines", help="Only embedstream"),
 ) -> None:
     """Engine throughput vs sentence-transformers and naive padded batches, one corpus, one run."""

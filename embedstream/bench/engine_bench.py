@@ -88,19 +88,25 @@ def measure_peak_gemm_gflops(threads: int, size: int = 2048, repeats: int = 5) -
     return 2 * size**3 / best / 1e9
 
 
-def _timed(fn: Callable[[], tuple[np.ndarray, int]], repeats: int, warm) -> tuple[float, np.ndarray, int, float]:
-    """Median seconds over repeats (after a short warm-up), last output, computed tokens, peak MB."""
-    warm()  # allocator, thread pool, caches: a small slice is enough
-    times = []
-    peak = 0.0
-    out, computed = None, 0
+def _timed_round_robin(methods: list[tuple[str, Callable]], corpus: list[str], repeats: int
+                       ) -> list[tuple[float, np.ndarray, int, float]]:
+    """Per method: median seconds, last output, computed tokens, peak MB.
+
+    Methods take turns (A B C A B C ...) so a burst of load from another process on this small
+    machine hits them alike, instead of landing on whichever method happened to run then."""
+    for _, fn in methods:
+        fn(corpus[:64])  # warm-up: allocator, thread pool, caches
+    times: list[list[float]] = [[] for _ in methods]
+    peaks = [0.0] * len(methods)
+    outputs: list[tuple[np.ndarray, int]] = [(np.empty(0), 0)] * len(methods)
     for _ in range(repeats):
-        with PeakRSS() as mem:
-            start = time.perf_counter()
-            out, computed = fn()
-            times.append(time.perf_counter() - start)
-        peak = max(peak, mem.delta_mb)
-    return statistics.median(times), out, computed, peak
+        for m, (_, fn) in enumerate(methods):
+            with PeakRSS() as mem:
+                start = time.perf_counter()
+                outputs[m] = fn(corpus)
+                times[m].append(time.perf_counter() - start)
+            peaks[m] = max(peaks[m], mem.delta_mb)
+    return [(statistics.median(times[m]), *outputs[m], peaks[m]) for m in range(len(methods))]
 
 
 def _naive_padded(engine: Engine, batch_size: int = 32) -> Callable[[list[str]], tuple[np.ndarray, int]]:
@@ -171,8 +177,7 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
         torch.set_num_threads(n)
         facts["peak_gflops"][n] = measure_peak_gemm_gflops(n)
         reference = None
-        for name, fn in methods:
-            seconds, vectors, computed, peak = _timed(lambda: fn(corpus), repeats, lambda: fn(corpus[:64]))
+        for (name, _), (seconds, vectors, computed, peak) in zip(methods, _timed_round_robin(methods, corpus, repeats)):
             vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
             if reference is None:
                 reference = vectors
