@@ -18,6 +18,17 @@ def _redact(_, __, event_dict: dict) -> dict:
     return event_dict
 
 
+class _CurrentStderr:
+    """Whatever sys.stderr is at write time: a stream captured at configure time may be closed
+    later (test capture, a daemon re-opening its stderr), and a log call must never fail for that."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(json: bool | None = None, level: str = "INFO") -> None:
     json = (not sys.stderr.isatty()) if json is None else json
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
@@ -30,7 +41,7 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 
