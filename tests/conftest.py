@@ -92,25 +92,7 @@ def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = F
     return Settings(kafka=kafka, qdrant=QdrantSettings(versioned_collections=versioned_collections))
 
 
-class LockedStore:
-    """qdrant-client's local mode is not thread-safe; tests read it while a worker thread writes."""
-
-    def __init__(self, store):
-        import threading
-
-        self._store = store
-        self._lock = threading.RLock()
-
-    def __getattr__(self, name):
-        attr = getattr(self._store, name)
-        if not callable(attr):
-            return attr
-
-        def locked(*args, **kwargs):
-            with self._lock:
-                return attr(*args, **kwargs)
-
-        return locked
+from embedstream.vectorstore.locked import LockedStore  # noqa: E402 - re-exported for the tests
 
 
 def memory_store() -> LockedStore:

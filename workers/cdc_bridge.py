@@ -21,10 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError
-from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import Settings
@@ -33,7 +32,7 @@ from producers.debezium import CdcConfig, CdcError, Change, parse_change
 from producers.publisher import ChunkPublisher, PublishError, ensure_topics
 from producers.sources import Document
 from schemas.events import Lane
-from workers.kafka_io import WorkerLoop, broker_reachable, send_dead_letter
+from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter
 from workers.kafka_io import run_until_signalled as run_until_signalled_generic
 from workers.metrics import CdcMetrics
 from workers.offsets import OffsetTracker
@@ -190,18 +189,7 @@ class CdcBridge(WorkerLoop):
         self.metrics.deletes.inc(sum(d for _, d in sent))
 
     def _commit(self) -> None:
-        self.producer.flush()  # dead letters acknowledged (and so marked done) first
-        offsets = self.offsets.drain()
-        if not offsets:
-            return
-        owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
-        if commit:
-            try:
-                self.consumer.commit(commit)
-            except KafkaError as exc:  # a rebalance or the broker away: try again after the next poll
-                log.warning("offset commit failed; will retry", error=str(exc)[:300])
-                self.offsets.retry({(tp.topic, tp.partition): meta.offset for tp, meta in commit.items()})
+        commit_finished(self.consumer, self.producer, self.offsets, lane=METRICS_LANE)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def started_fields(self) -> dict:

@@ -18,10 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import KafkaError
-from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import Settings
@@ -31,7 +29,7 @@ from embedstream.engine.errors import EngineError
 from schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from schemas.codec import DecodeError, decode
 from schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
-from workers.kafka_io import WorkerLoop, send_dead_letter, send_reply
+from workers.kafka_io import WorkerLoop, commit_finished, send_dead_letter, send_reply
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.sink import EmbeddedChunk, QdrantSink
@@ -389,30 +387,8 @@ class EmbedWorker(WorkerLoop):
                 self.paused[lane] = False
 
     def _commit(self, lane: str, wait: bool = True) -> None:
-        try:  # dead letters and replies are acknowledged (and marked done) first
-            self.producer.flush(timeout=self.options.flush_timeout_s)
-        except KafkaError as exc:  # unacknowledged sends stay unfinished, so their offsets are not committed
-            log.error("dead letters or replies not acknowledged; committing only finished work",
-                      lane=lane, error=str(exc)[:300])
-        offsets = self.offsets[lane].drain()
-        if not offsets:
-            return
-        consumer = self.consumers[lane]
-        owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
-        if commit and not wait:
-            def reported(_offsets, result) -> None:
-                if isinstance(result, Exception):
-                    log.warning("offset commit at revocation failed", lane=lane, error=str(result)[:300])
-
-            # sent ahead of the JoinGroup on the coordinator connection, so the broker applies it first
-            consumer.commit_async(commit, callback=reported)
-        elif commit:
-            try:
-                consumer.commit(commit)
-            except KafkaError as exc:  # broker away past the request timeout, or a rebalance: retry later
-                log.warning("offset commit failed; will retry", lane=lane, error=str(exc)[:300])
-                self.offsets[lane].retry(offsets)
+        commit_finished(self.consumers[lane], self.producer, self.offsets[lane], wait=wait,
+                        flush_timeout_s=self.options.flush_timeout_s, lane=lane)
 
     # -- main loop -----------------------------------------------------------------------------
     def run_once(self) -> int:

@@ -10,6 +10,10 @@ import signal
 import threading
 from collections.abc import Callable
 
+from kafka import TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
 from embedstream import logs
 from schemas import DeadLetter, ErrorInfo
 from schemas.codec import encode
@@ -98,3 +102,37 @@ def run_until_signalled(worker, metrics_port: int | None, checks: dict[str, Call
     if server:
         server.shutdown()
     log.info(f"{name} stopped")
+
+
+def commit_finished(consumer, producer, tracker: OffsetTracker, *, wait: bool = True, flush_timeout_s: float = 30.0,
+                    **context) -> None:
+    """Commit the offsets of finished work on the partitions the consumer still owns.
+
+    Dead letters and replies are acknowledged first (their records count as finished only then);
+    a producer that cannot flush leaves those records uncommitted instead of hanging the loop.
+    ``wait=False`` is for rebalance listeners: kafka-python 3 runs them on its IO thread, which
+    refuses blocking calls, and an async commit still reaches the coordinator before the re-join.
+    A failed synchronous commit keeps its offsets for the next call.
+    """
+    try:
+        producer.flush(timeout=flush_timeout_s)
+    except KafkaError as exc:
+        log.error("dead letters or replies not acknowledged; committing only finished work",
+                  error=str(exc)[:300], **context)
+    offsets = tracker.drain()
+    owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+    commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
+    if not commit:
+        return
+    if not wait:
+        def reported(_offsets, result) -> None:
+            if isinstance(result, Exception):
+                log.warning("offset commit at revocation failed", error=str(result)[:300], **context)
+
+        consumer.commit_async(commit, callback=reported)
+        return
+    try:
+        consumer.commit(commit)
+    except KafkaError as exc:  # broker away past the request timeout, or a rebalance: retry later
+        log.warning("offset commit failed; will retry", error=str(exc)[:300], **context)
+        tracker.retry({(tp.topic, tp.partition): meta.offset for tp, meta in commit.items()})

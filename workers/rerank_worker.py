@@ -23,9 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import Settings
@@ -36,7 +35,7 @@ from schemas.codec import DecodeError, decode
 from schemas.events import now_ms
 from schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
 from workers import kafka_io
-from workers.kafka_io import WorkerLoop, broker_reachable, send_dead_letter, send_reply
+from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, send_reply
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.search import Retrieved, Searcher, SearchError
@@ -86,7 +85,7 @@ class _Revocations(ConsumerRebalanceListener):
         self.worker = worker
 
     def on_partitions_revoked(self, revoked):
-        self.worker._commit()
+        self.worker._commit(wait=False)  # runs on kafka-python's IO thread: no blocking calls
         self.worker._drop({(tp.topic, tp.partition) for tp in revoked})
 
     def on_partitions_assigned(self, assigned):
@@ -340,17 +339,9 @@ class RerankWorker(WorkerLoop):
         reply = Searcher.assemble(request, retrieved, results, times, self.engine.spec.name)
         self._reply(request, reply)
 
-    def _commit(self) -> None:
-        self.producer.flush()  # replies and dead letters are acknowledged (dead letters marked done) first
-        offsets = self.offsets.drain()
-        if not offsets:
-            return
-        owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-        commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
-        if commit:
-            self.consumer.commit(commit)
+    def _commit(self, wait: bool = True) -> None:
+        commit_finished(self.consumer, self.producer, self.offsets, wait=wait, lane="rerank")
 
-    # -- main loop -------------------------------------------------------------------------------
     def run_once(self) -> int:
         """Poll, form one pass, score it, reply, commit. Returns requests processed."""
         self._poll(0 if self.queue else 20)

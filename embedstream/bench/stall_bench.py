@@ -22,19 +22,20 @@ import uuid
 
 from embedstream import devkafka
 from embedstream.config import Settings
+from embedstream.vectorstore.locked import LockedStore
 
 MODES = ("fail", "block")
 FLAT_MIB = 50  # about one in-flight forward pass of a full batch; a leak or an unbounded queue grows past it
 
 
-class StallingStore:
+class StallingStore(LockedStore):
     """A vector store whose writes fail or block while ``stalled`` is set; every call is serialised."""
 
     def __init__(self, store, mode: str):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self._store, self.mode = store, mode
-        self._lock = threading.RLock()  # qdrant-client's local mode is not thread-safe
+        super().__init__(store)
+        self.mode = mode
         self.stalled = threading.Event()
         self.failed_writes = 0
 
@@ -47,17 +48,6 @@ class StallingStore:
                 time.sleep(0.05)
         with self._lock:
             return self._store.upsert(*args, **kwargs)
-
-    def __getattr__(self, name):
-        attr = getattr(self._store, name)
-        if not callable(attr):
-            return attr
-
-        def locked(*args, **kwargs):
-            with self._lock:
-                return attr(*args, **kwargs)
-
-        return locked
 
 
 def _texts(count: int, words: int) -> list[str]:
