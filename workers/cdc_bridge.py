@@ -32,7 +32,7 @@ from producers.debezium import CdcConfig, CdcError, Change, parse_change
 from producers.publisher import ChunkPublisher, PublishError, ensure_topics
 from producers.sources import Document
 from schemas.events import Lane
-from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter
+from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, subscribe
 from workers.kafka_io import run_until_signalled as run_until_signalled_generic
 from workers.metrics import CdcMetrics
 from workers.offsets import OffsetTracker
@@ -128,9 +128,7 @@ class CdcBridge(WorkerLoop):
             client_id=f"embedstream-cdc-{options.worker_id}",
             metadata_max_age_ms=10_000,
         )
-        self.consumer.subscribe([options.topic], listener=_Assignments())
-        # Topic metadata before the first join (see EmbedWorker: after subscribe, or it costs a rebalance)
-        self.consumer.partitions_for_topic(options.topic)
+        subscribe(self.consumer, [options.topic], _Assignments())
 
     # -- one poll ------------------------------------------------------------------------------
     def run_once(self) -> int:

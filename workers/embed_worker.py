@@ -29,7 +29,7 @@ from embedstream.engine.errors import EngineError
 from schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from schemas.codec import DecodeError, decode
 from schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
-from workers.kafka_io import WorkerLoop, commit_finished, send_dead_letter, send_reply
+from workers.kafka_io import WorkerLoop, commit_finished, send_dead_letter, send_reply, subscribe
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.sink import EmbeddedChunk, QdrantSink
@@ -125,13 +125,7 @@ class EmbedWorker(WorkerLoop):
                 metadata_max_age_ms=10_000,
                 **({"session_timeout_ms": self.kafka.session_timeout_ms} if self.kafka.session_timeout_ms else {}),
             )
-            consumer.subscribe(topics[lane], listener=_Revocations(self, lane))
-            # Topic metadata before the first join (after subscribe, so the group's metadata snapshot
-            # takes it in): joined without it, the group starts with no partitions, and kafka-python
-            # 3.0.12 can then stall in its next fetch for good. Primed before subscribe, the snapshot
-            # misses it and the first metadata refresh forces a second rebalance.
-            for topic in topics[lane]:
-                consumer.partitions_for_topic(topic)
+            subscribe(consumer, topics[lane], _Revocations(self, lane))
             self.consumers[lane] = consumer
 
     # -- intake ---------------------------------------------------------------------------------

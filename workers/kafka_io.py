@@ -136,3 +136,15 @@ def commit_finished(consumer, producer, tracker: OffsetTracker, *, wait: bool = 
     except KafkaError as exc:  # broker away past the request timeout, or a rebalance: retry later
         log.warning("offset commit failed; will retry", error=str(exc)[:300], **context)
         tracker.retry({(tp.topic, tp.partition): meta.offset for tp, meta in commit.items()})
+
+
+def subscribe(consumer, topics: list[str], listener) -> None:
+    """Subscribe, then load the topics' metadata before the first group join.
+
+    Joined without it, the group starts with no partitions and kafka-python 3.0.12 can then stall
+    in its next fetch for good. Loaded before subscribing, the group's metadata snapshot misses it
+    and the first refresh forces a second rebalance; so: after subscribe, before the first poll.
+    """
+    consumer.subscribe(topics, listener=listener)
+    for topic in topics:
+        consumer.partitions_for_topic(topic)

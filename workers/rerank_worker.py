@@ -35,7 +35,7 @@ from schemas.codec import DecodeError, decode
 from schemas.events import now_ms
 from schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
 from workers import kafka_io
-from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, send_reply
+from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, send_reply, subscribe
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.search import Retrieved, Searcher, SearchError
@@ -122,7 +122,7 @@ class RerankWorker(WorkerLoop):
             max_poll_records=64,
             client_id=f"embedstream-rerank-{self.options.worker_id}",
         )
-        self.consumer.subscribe([self.kafka.topic_rerank, self.kafka.topic_search], listener=_Revocations(self))
+        subscribe(self.consumer, [self.kafka.topic_rerank, self.kafka.topic_search], _Revocations(self))
         self.consumers = {"rerank": self.consumer}  # runtime/health helpers look consumers up here
 
     # -- intake ---------------------------------------------------------------------------------
