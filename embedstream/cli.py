@@ -112,11 +112,14 @@ def bench_engine(
     texts: int = typer.Option(600, help="Corpus size"),
     repeats: int = typer.Option(3, help="Timed runs per method, taken in turns (median reported)"),
     no_baselines: bool = typer.Option(False, "--no-baselines", help="Only embedstream"),
+    precision: Optional[list[str]] = typer.Option(
+        None, help="Extra approximate rows (int8, bfloat16); default: int8, plus bfloat16 where the CPU has it"
+    ),
 ) -> None:
     """Engine throughput vs sentence-transformers and naive padded batches, one corpus, one run."""
     from embedstream.bench import engine_bench
 
-    rows, facts = engine_bench.run(model, threads, texts, repeats, baselines=not no_baselines)
+    rows, facts = engine_bench.run(model, threads, texts, repeats, baselines=not no_baselines, precisions=precision)
     engine_bench.print_table(rows, facts)
 
 

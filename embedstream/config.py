@@ -54,6 +54,11 @@ class EngineSettings(BaseModel):
     backend: Literal["auto", "packed", "hf"] = Field(
         default="auto", description="auto: padding-free packed path when the architecture is covered, else HF"
     )
+    precision: Literal["auto", "float32", "bfloat16", "int8"] = Field(
+        default="auto",
+        description="auto: exact float32 on CPU, bf16 on CUDA; bfloat16: fast on CPUs with AVX512-BF16/AMX; "
+        "int8: dynamic quantization on CPU (per-channel weights; approximate, see bench engine's min cos)",
+    )
     max_text_bytes: int = Field(
         default=1_000_000, ge=1, description="Refuse a text (or query, passage) above this many UTF-8 bytes before tokenizing"
     )

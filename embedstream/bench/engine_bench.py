@@ -19,6 +19,8 @@ import torch
 
 from embedstream import logs
 from embedstream.bench.corpus import mixed_length_texts
+from embedstream.config import Settings
+from embedstream.engine.backends.linear import cpu_flags, cpu_has_native_bf16
 from embedstream.engine.engine import EmbedRequest, Engine
 
 
@@ -157,20 +159,46 @@ def _embedstream(engine: Engine) -> Callable[[list[str]], tuple[np.ndarray, int]
     return run
 
 
+def default_fast_precisions() -> list[str]:
+    """The approximate paths worth a row on this CPU: int8 always, bf16 only where it is native."""
+    return ["int8"] + (["bfloat16"] if cpu_has_native_bf16() else [])
+
+
+def cpu_summary() -> str:
+    """The SIMD features that decide which precision is fast here."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    have = [f for f in wanted if f in cpu_flags()]
+    return " ".join(have) or "unknown"
+
+
+def _engine(model: str, precision: str) -> Engine:
+    settings = Settings()
+    settings.engine.precision = precision
+    return Engine.from_name(model, settings)
+
+
 def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts: int = 600, repeats: int = 1,
-        baselines: bool = True) -> tuple[list[MethodResult], dict]:
-    """Run every method for each thread count on one corpus; returns rows and machine facts."""
+        baselines: bool = True, precisions: list[str] | None = None) -> tuple[list[MethodResult], dict]:
+    """Run every method for each thread count on one corpus; returns rows and machine facts.
+
+    The first row is always the exact float32 path; ``precisions`` add approximate rows (int8,
+    bfloat16) whose min cosine is taken against it."""
     threads = threads or [1, 2]
-    engine = Engine.from_name(model)
+    precisions = default_fast_precisions() if precisions is None else precisions
+    engine = _engine(model, "float32")
     tok = engine.tokenizer.tokenizer
     corpus = mixed_length_texts(texts, lambda s: len(tok.encode(s).ids), engine.spec.max_tokens)
     lengths = [len(tok.encode(t).ids) for t in corpus]
     useful_flops = sum(n * engine.runner.flops_per_token(n) for n in lengths)
     methods: list[tuple[str, Callable]] = [("embedstream (packed, fp32)", _embedstream(engine))]
+    for precision in precisions:
+        if precision != "float32":
+            fast = _engine(model, precision)
+            methods.append((f"embedstream (packed, {fast.runner.describe().rsplit('/', 1)[-1]})", _embedstream(fast)))
     if baselines:
         methods.append(("sentence-transformers bs=32", _sentence_transformers(engine)))
         methods.append(("naive arrival-order bs=32", _naive_padded(engine)))
-    facts = {"model": model, "path": engine.runner.describe(), "texts": len(corpus), "real_tokens": sum(lengths),
+    facts = {"model": model, "path": engine.runner.describe(), "cpu": cpu_summary(), "texts": len(corpus), "real_tokens": sum(lengths),
              "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {}}
     rows: list[MethodResult] = []
     for n in threads:
@@ -191,11 +219,12 @@ def print_table(rows: list[MethodResult], facts: dict) -> None:
     from rich.table import Table
 
     console = logs.console()
+    console.print(f"cpu: {facts['cpu']}")
     console.print(f"model {facts['model']} via {facts['path']}; corpus {facts['texts']} texts, "
                   f"{facts['real_tokens']} real tokens (p50 {facts['length_p50']:.0f}, max {facts['length_max']})")
     table = Table(title="bench engine (median of repeats)")
     for col in ("threads", "method", "texts/s", "real tok/s", "padding", "peak MB", "useful GFLOP/s",
-                "% peak GEMM", "vs sentence-tf", "vs naive", "min cos vs embedstream"):
+                "% fp32 peak", "vs sentence-tf", "vs naive", "min cos vs fp32"):
         table.add_column(col, justify="right" if col != "method" else "left")
     for n in sorted({r.threads for r in rows}):
         group = [r for r in rows if r.threads == n]

@@ -106,7 +106,9 @@ class Engine:
         settings = settings or EngineSettings()
         self.spec = spec
         self.limits = BatchLimits.for_model(settings.max_batch_tokens, settings.max_batch_requests, spec.max_tokens)
-        self.runner = runner or ModelRunner(spec, settings.device, settings.backend, settings.threads)
+        self.runner = runner or ModelRunner(
+            spec, settings.device, settings.backend, settings.threads, settings.precision
+        )
         lowercase = bool(_st_lowercase(spec))
         self.tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, lowercase)
         self.dimensions = self.runner.hidden_size

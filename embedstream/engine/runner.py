@@ -16,6 +16,7 @@ import torch
 from embedstream.engine import pooling
 from embedstream.engine.attention import attention_kernel_name
 from embedstream.engine.backends import bert, decoder
+from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16
 from embedstream.engine.backends.hf_padded import PaddedHFEncoder
 from embedstream.engine.errors import ConfigError
 from embedstream.engine.model_spec import ModelSpec
@@ -39,6 +40,23 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+def pick_precision(requested: str, device: torch.device) -> tuple[str, torch.dtype]:
+    """(precision, activation dtype). auto: bf16 on CUDA, exact float32 on CPU.
+
+    bfloat16 on CPU is fast only where the CPU has bf16 dot products (AVX512-BF16, AMX) and is
+    otherwise emulated (about 6x slower than fp32 on AVX2); int8 is dynamic quantization on CPU.
+    """
+    if requested not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
+    if requested == "auto":
+        requested = "bfloat16" if device.type == "cuda" else "float32"
+    if requested == "int8" and device.type != "cpu":
+        raise ConfigError("precision=int8 runs on CPU (fbgemm dynamic quantization); use bfloat16 on CUDA")
+    if requested == "bfloat16" and device.type == "cuda":
+        return requested, torch.bfloat16  # all-bf16 model: flash-attn varlen wants bf16 q/k/v
+    return requested, torch.float32  # CPU bf16 is mixed: float32 residuals, bf16 GEMMs (linear.py)
+
+
 def set_threads(threads: int | None) -> None:
     """Intra-op threads for torch; None keeps torch's default (all cores)."""
     if threads:
@@ -48,13 +66,16 @@ def set_threads(threads: int | None) -> None:
 class ModelRunner:
     """Owns one loaded model and turns PackedBatches into pooled vectors or scores."""
 
-    def __init__(self, spec: ModelSpec, device: str = "auto", backend: str = "auto", threads: int | None = None):
+    def __init__(
+        self, spec: ModelSpec, device: str = "auto", backend: str = "auto", threads: int | None = None,
+        precision: str = "auto",
+    ):
         from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
         set_threads(threads)
         self.spec = spec
         self.device = pick_device(device)
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.precision, self.dtype = pick_precision(precision, self.device)
         config = AutoConfig.from_pretrained(str(spec.path))
         loader = AutoModelForSequenceClassification if spec.kind == "rerank" else AutoModel
         model = loader.from_pretrained(str(spec.path), dtype=self.dtype).to(self.device).eval()
@@ -71,19 +92,28 @@ class ModelRunner:
                 reason = family.supports(config)
                 if reason is None:
                     try:
-                        encoder = cls(base, config, self.device, self.dtype)
+                        encoder = cls(base, config, self.device, self.dtype, self.precision)
                     except (AttributeError, ValueError) as exc:  # unusual layout: fall back, say why
                         reasons.append(f"{cls.__name__}: {exc}")
                         continue
                     name = family.__name__.rsplit(".", 1)[-1]
-                    return encoder, f"packed-{name}/{self.device.type}/{attention_kernel_name(self.device, self.dtype)}"
+                    kernel = attention_kernel_name(self.device, self.dtype)
+                    return encoder, f"packed-{name}/{self.device.type}/{kernel}/{self._precision_label()}"
                 reasons.append(reason)
             if backend == "packed":
                 raise ConfigError(f"no packed path for {self.spec.name}: {'; '.join(reasons)}")
+        if self.precision == "int8":
+            why = "; ".join(reasons) or "backend=hf was requested"
+            raise ConfigError(f"precision=int8 needs the packed path, which {self.spec.name} cannot use: {why}")
         left = self.spec.pooling == "last_token"
         encoder = PaddedHFEncoder(base, config, config.pad_token_id, left_padding=left)
         self.fallback_reason = "; ".join(reasons)
-        return encoder, f"hf-padded/{self.device.type}"
+        return encoder, f"hf-padded/{self.device.type}/{self._precision_label()}"
+
+    def _precision_label(self) -> str:
+        if self.precision == "bfloat16" and self.device.type == "cpu" and not cpu_has_native_bf16():
+            return "bfloat16-emulated"
+        return self.precision
 
     def describe(self) -> str:
         return self.path

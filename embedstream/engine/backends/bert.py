@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from embedstream.engine.attention import varlen_attention
+from embedstream.engine.backends.linear import compute_dtype, make_linear
 from embedstream.engine.packed import PackedBatch
 
 ROW_BLOCK = 1024  # tokens per dense tile (bench: 1,024 beat 256 and untiled at 1 and 2 threads)
@@ -41,28 +42,25 @@ def supports(config) -> str | None:
 
 @dataclass
 class _Layer:
-    qkv_w: torch.Tensor
-    qkv_b: torch.Tensor
-    out_w: torch.Tensor
-    out_b: torch.Tensor
+    qkv: object  # fused Q, K, V projection (linear.make_linear)
+    out: object
     ln1: tuple[torch.Tensor, torch.Tensor]
-    up_w: torch.Tensor
-    up_b: torch.Tensor
-    down_w: torch.Tensor
-    down_b: torch.Tensor
+    up: object
+    down: object
     ln2: tuple[torch.Tensor, torch.Tensor]
 
 
 class PackedBertEncoder:
     """Runs a Hugging Face BERT-family base model on a PackedBatch; returns hidden states [T, H]."""
 
-    def __init__(self, base_model, config, device: torch.device, dtype: torch.dtype):
+    def __init__(self, base_model, config, device: torch.device, dtype: torch.dtype, precision: str = "float32"):
         self.heads = config.num_attention_heads
         self.hidden = config.hidden_size
         self.head_dim = self.hidden // self.heads
         self.eps = config.layer_norm_eps
         self.act = _ACTIVATIONS[config.hidden_act]
         self.row_block = ROW_BLOCK
+        self.compute_dtype = compute_dtype(precision, dtype)  # GEMMs and attention; residuals stay in dtype
         # RoBERTa-style position ids start after the padding index.
         self.position_offset = (config.pad_token_id + 1) if config.model_type != "bert" else 0
 
@@ -75,28 +73,30 @@ class PackedBertEncoder:
         types = getattr(emb, "token_type_embeddings", None)
         self.token_type = t(types.weight) if types is not None else None
         self.emb_ln = (t(emb.LayerNorm.weight), t(emb.LayerNorm.bias))
+        def linear(weight: torch.Tensor, bias: torch.Tensor):
+            return make_linear(t(weight), t(bias), precision)
+
+        self.intermediate = config.intermediate_size
         self.layers: list[_Layer] = []
         for layer in base_model.encoder.layer:
             att = layer.attention
             self.layers.append(
                 _Layer(
-                    qkv_w=t(torch.cat([att.self.query.weight, att.self.key.weight, att.self.value.weight])),
-                    qkv_b=t(torch.cat([att.self.query.bias, att.self.key.bias, att.self.value.bias])),
-                    out_w=t(att.output.dense.weight),
-                    out_b=t(att.output.dense.bias),
+                    qkv=linear(
+                        torch.cat([att.self.query.weight, att.self.key.weight, att.self.value.weight]),
+                        torch.cat([att.self.query.bias, att.self.key.bias, att.self.value.bias]),
+                    ),
+                    out=linear(att.output.dense.weight, att.output.dense.bias),
                     ln1=(t(att.output.LayerNorm.weight), t(att.output.LayerNorm.bias)),
-                    up_w=t(layer.intermediate.dense.weight),
-                    up_b=t(layer.intermediate.dense.bias),
-                    down_w=t(layer.output.dense.weight),
-                    down_b=t(layer.output.dense.bias),
+                    up=linear(layer.intermediate.dense.weight, layer.intermediate.dense.bias),
+                    down=linear(layer.output.dense.weight, layer.output.dense.bias),
                     ln2=(t(layer.output.LayerNorm.weight), t(layer.output.LayerNorm.bias)),
                 )
             )
 
     def flops_per_token(self, length: int) -> float:
         """Multiply-adds x2 of one token in a sequence of ``length`` (linears + attention)."""
-        intermediate = self.layers[0].up_w.shape[0]
-        linear = 2 * (4 * self.hidden * self.hidden + 2 * self.hidden * intermediate)
+        linear = 2 * (4 * self.hidden * self.hidden + 2 * self.hidden * self.intermediate)
         attention = 4 * length * self.hidden
         return float(len(self.layers) * (linear + attention))
 
@@ -109,12 +109,12 @@ class PackedBertEncoder:
         x = F.layer_norm(x, (self.hidden,), *self.emb_ln, self.eps)
         total = x.shape[0]
         block = min(self.row_block, total)
-        qkv = torch.empty(total, 3 * self.hidden, dtype=x.dtype, device=x.device)
-        up = torch.empty(block, self.layers[0].up_w.shape[0], dtype=x.dtype, device=x.device)
+        qkv = torch.empty(total, 3 * self.hidden, dtype=self.compute_dtype, device=x.device)
+        up = torch.empty(block, self.intermediate, dtype=self.compute_dtype, device=x.device)
         nxt = torch.empty_like(x)
         for layer in self.layers:
             for s, e in _blocks(total, block):  # bias copy stays in cache
-                torch.addmm(layer.qkv_b, x[s:e], layer.qkv_w.t(), out=qkv[s:e])
+                layer.qkv(x[s:e], out=qkv[s:e])
             heads = qkv.view(total, 3, self.heads, self.head_dim)
             ctx = varlen_attention(heads[:, 0], heads[:, 1], heads[:, 2], batch, causal=False).view(total, self.hidden)
             for s, e in _blocks(total, block):
@@ -128,11 +128,11 @@ class PackedBertEncoder:
         Run per block of ``row_block`` tokens so the [block, intermediate] activation and every
         elementwise pass over it stay in cache: fusion by tiling, at the GEMMs' full speed.
         """
-        h = torch.addmm(layer.out_b, ctx, layer.out_w.t())
+        h = layer.out(ctx).to(x.dtype)
         h += x
         x1 = F.layer_norm(h, (self.hidden,), *layer.ln1, self.eps)
-        torch.addmm(layer.up_b, x1, layer.up_w.t(), out=up)
-        h = torch.addmm(layer.down_b, self.act(up), layer.down_w.t())
+        layer.up(x1, out=up)
+        h = layer.down(self.act(up)).to(x.dtype)
         h += x1
         out.copy_(F.layer_norm(h, (self.hidden,), *layer.ln2, self.eps))
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from embedstream.engine.attention import varlen_attention
 from embedstream.engine.backends.bert import ROW_BLOCK
+from embedstream.engine.backends.linear import make_linear
 from embedstream.engine.packed import PackedBatch
 
 SUPPORTED_MODEL_TYPES = {"qwen3", "qwen2", "llama", "mistral"}
@@ -34,14 +35,13 @@ def supports(config) -> str | None:
 @dataclass
 class _Layer:
     norm1: torch.nn.Module
-    qkv_w: torch.Tensor
-    qkv_b: torch.Tensor | None
+    qkv: object  # fused Q, K, V projection (linear.make_linear)
     q_norm: torch.nn.Module | None
     k_norm: torch.nn.Module | None
-    o_w: torch.Tensor
+    o: object
     norm2: torch.nn.Module
-    gate_up_w: torch.Tensor
-    down_w: torch.Tensor
+    gate_up: object
+    down: object
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class PackedDecoder:
     """Runs a Hugging Face decoder base model on a PackedBatch; returns final hidden states [T, H]."""
 
-    def __init__(self, base_model, config, device: torch.device, dtype: torch.dtype):
+    def __init__(self, base_model, config, device: torch.device, dtype: torch.dtype, precision: str = "float32"):
         self.hidden = config.hidden_size
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
@@ -72,14 +72,17 @@ class PackedDecoder:
             self.layers.append(
                 _Layer(
                     norm1=layer.input_layernorm.to(device=device, dtype=dtype),
-                    qkv_w=t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
-                    qkv_b=t(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                    qkv=make_linear(
+                        t(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
+                        t(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                        precision,
+                    ),
                     q_norm=getattr(att, "q_norm", None),
                     k_norm=getattr(att, "k_norm", None),
-                    o_w=t(att.o_proj.weight),
+                    o=make_linear(t(att.o_proj.weight), None, precision),
                     norm2=layer.post_attention_layernorm.to(device=device, dtype=dtype),
-                    gate_up_w=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                    down_w=t(mlp.down_proj.weight),
+                    gate_up=make_linear(t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), None, precision),
+                    down=make_linear(t(mlp.down_proj.weight), None, precision),
                 )
             )
             if att.o_proj.bias is not None:
@@ -101,7 +104,7 @@ class PackedDecoder:
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for layer in self.layers:
             h = layer.norm1(x)
-            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            qkv = layer.qkv(h)
             q = qkv[:, :q_size].reshape(total, self.heads, self.head_dim)
             k = qkv[:, q_size : q_size + kv_size].reshape(total, self.kv_heads, self.head_dim)
             v = qkv[:, q_size + kv_size :].reshape(total, self.kv_heads, self.head_dim)
@@ -109,10 +112,11 @@ class PackedDecoder:
                 q, k = layer.q_norm(q), layer.k_norm(k)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            ctx = varlen_attention(q, k, v, batch, causal=True)
-            x = x + F.linear(ctx.reshape(total, q_size), layer.o_w)
+            dtype = v.dtype  # bf16 under mixed precision, where the norms and rotary ran in float32
+            ctx = varlen_attention(q.to(dtype), k.to(dtype), v, batch, causal=True)
+            layer.o.add_into(x, ctx.reshape(total, q_size))
             for start in range(0, total, ROW_BLOCK):  # the MLP per block of rows: activations stay in cache
                 rows = x[start : start + ROW_BLOCK]
-                gate, up = F.linear(layer.norm2(rows), layer.gate_up_w).split(self.intermediate, dim=-1)
-                rows.addmm_(F.silu(gate) * up, layer.down_w.t())  # residual added in the GEMM
+                gate, up = layer.gate_up(layer.norm2(rows)).split(self.intermediate, dim=-1)
+                layer.down.add_into(rows, F.silu(gate) * up)  # residual added in the GEMM
         return self.final_norm(x)

@@ -1,0 +1,83 @@
+"""Precision modes: exact float32 by default, mixed bf16 and dynamic int8 on request, refused where unsupported."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_engine
+
+from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.config import EngineSettings
+from embedstream.engine.backends.linear import Bf16Linear, DenseLinear, Int8Linear, make_linear
+from embedstream.engine.engine import EmbedRequest, Engine
+from embedstream.engine.errors import ConfigError
+from embedstream.engine.runner import pick_precision
+
+
+def _vectors(engine, texts) -> np.ndarray:
+    results, _ = engine.embed([EmbedRequest(i, t, truncate=True) for i, t in enumerate(texts)])
+    assert all(r.error is None for r in results), [r.error for r in results if r.error][:3]
+    out = np.stack([r.vector.values for r in results])
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a * b).sum(1).min())
+
+
+def test_auto_is_exact_float32_on_cpu_and_bf16_on_cuda():
+    assert pick_precision("auto", torch.device("cpu")) == ("float32", torch.float32)
+    assert pick_precision("auto", torch.device("cuda")) == ("bfloat16", torch.bfloat16)
+    # On CPU bf16 is mixed precision: the residual stream (the model's dtype) stays float32.
+    assert pick_precision("bfloat16", torch.device("cpu")) == ("bfloat16", torch.float32)
+
+
+def test_int8_on_cuda_and_unknown_precisions_are_refused():
+    with pytest.raises(ConfigError, match="int8 runs on CPU"):
+        pick_precision("int8", torch.device("cuda"))
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        pick_precision("fp8", torch.device("cpu"))
+
+
+def test_linear_kinds_agree_with_a_float32_matmul():
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(40, 64)
+    exact = x @ weight.t() + bias
+    assert isinstance(make_linear(weight, bias, "float32"), DenseLinear)
+    for precision, kind, tol in (("bfloat16", Bf16Linear, 2e-2), ("int8", Int8Linear, 3e-2)):
+        layer = make_linear(weight, bias, precision)
+        assert isinstance(layer, kind)
+        got = layer(x).float()
+        assert (got - exact).norm() / exact.norm() < tol
+        residual = torch.ones(40, 96)
+        layer.add_into(residual, x)
+        assert (residual - 1 - exact).norm() / exact.norm() < tol
+        out = torch.empty(40, 96)
+        layer(x, out=out)
+        assert torch.allclose(out, got, atol=1e-2)
+
+
+def test_minilm_mixed_bf16_keeps_cosine_and_int8_stays_close(minilm_engine):
+    texts = list(stdlib_paragraphs()[:120])
+    reference = _vectors(minilm_engine, texts)
+    bf16 = Engine(minilm_engine.spec, EngineSettings(precision="bfloat16"))
+    int8 = Engine(minilm_engine.spec, EngineSettings(precision="int8"))
+    assert bf16.runner.describe().endswith(("/bfloat16", "/bfloat16-emulated"))
+    assert int8.runner.describe().endswith("/int8")
+    assert _min_cos(_vectors(bf16, texts), reference) >= 0.9999
+    assert _min_cos(_vectors(int8, texts), reference) >= 0.97
+
+
+def test_decoder_runs_in_every_cpu_precision(tiny_qwen3_dir):
+    texts = list(stdlib_paragraphs()[300:340])
+    reference = _vectors(make_engine(tiny_qwen3_dir), texts)
+    for precision, floor in (("bfloat16", 0.999), ("int8", 0.97)):
+        engine = make_engine(tiny_qwen3_dir, engine={"precision": precision})
+        assert engine.runner.describe().startswith("packed-decoder")
+        assert _min_cos(_vectors(engine, texts), reference) >= floor
+
+
+def test_int8_refuses_the_padded_fallback(tiny_bert_dir):
+    with pytest.raises(ConfigError, match="int8 needs the packed path.*backend=hf"):
+        make_engine(tiny_bert_dir, engine={"backend": "hf", "precision": "int8"})
