@@ -9,7 +9,7 @@ from conftest import make_engine
 
 from embedstream.bench.corpus import stdlib_paragraphs
 from embedstream.config import EngineSettings
-from embedstream.engine.backends.linear import Bf16Linear, DenseLinear, Int8Linear, make_linear
+from embedstream.engine.backends.linear import DenseLinear, Int8Linear, make_linear
 from embedstream.engine.engine import EmbedRequest, Engine
 from embedstream.engine.errors import ConfigError
 from embedstream.engine.runner import pick_precision
@@ -43,19 +43,36 @@ def test_int8_on_cuda_and_unknown_precisions_are_refused():
 def test_linear_kinds_agree_with_a_float32_matmul():
     torch.manual_seed(0)
     weight, bias, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(40, 64)
+    residual = torch.randn(40, 96)
     exact = x @ weight.t() + bias
-    assert isinstance(make_linear(weight, bias, "float32"), DenseLinear)
-    for precision, kind, tol in (("bfloat16", Bf16Linear, 2e-2), ("int8", Int8Linear, 3e-2)):
+    for precision, tol in (("float32", 1e-5), ("bfloat16", 2e-2), ("int8", 3e-2)):
         layer = make_linear(weight, bias, precision)
-        assert isinstance(layer, kind)
-        got = layer(x).float()
-        assert (got - exact).norm() / exact.norm() < tol
-        residual = torch.ones(40, 96)
-        layer.add_into(residual, x)
-        assert (residual - 1 - exact).norm() / exact.norm() < tol
-        out = torch.empty(40, 96)
-        layer(x, out=out)
-        assert torch.allclose(out, got, atol=1e-2)
+        assert isinstance(layer, Int8Linear if precision == "int8" else DenseLinear)
+
+        def close(got: torch.Tensor, want: torch.Tensor) -> None:
+            assert (got.float() - want).norm() / want.norm() < tol, precision
+
+        close(layer(x), exact)
+        close(layer(x, "gelu"), torch.nn.functional.gelu(exact))
+        close(layer(x, "gelu_tanh"), torch.nn.functional.gelu(exact, approximate="tanh"))
+        close(layer(x, "relu"), torch.relu(exact))
+        summed = layer.plus(x, residual)
+        assert summed.dtype == residual.dtype
+        close(summed, exact + residual)
+        into = residual.clone()
+        layer.add_into(into, x)
+        close(into, exact + residual)
+
+
+def test_float32_linear_without_onednn_matches_the_packed_one():
+    torch.manual_seed(1)
+    weight, bias, x = torch.randn(48, 32), torch.randn(48), torch.randn(10, 32)
+    packed, plain = DenseLinear(weight, bias), DenseLinear(weight, bias)
+    plain.packed, plain.weight_t = None, weight.t()
+    for activation in (None, "gelu"):
+        torch.testing.assert_close(packed(x, activation), plain(x, activation), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed.plus(x, x[:, :1].expand(10, 48).contiguous()),
+                               plain.plus(x, x[:, :1].expand(10, 48).contiguous()), rtol=1e-5, atol=1e-5)
 
 
 def test_minilm_mixed_bf16_keeps_cosine_and_int8_stays_close(minilm_engine):

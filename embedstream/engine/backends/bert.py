@@ -14,16 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from embedstream.engine.attention import varlen_attention
-from embedstream.engine.backends.linear import compute_dtype, make_linear
+from embedstream.engine.backends.linear import make_linear
 from embedstream.engine.packed import PackedBatch
 
 ROW_BLOCK = 1024  # tokens per dense tile (bench: 1,024 beat 256 and untiled at 1 and 2 threads)
 SUPPORTED_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "camembert"}
-_ACTIVATIONS = {
-    "gelu": lambda x: F.gelu(x),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
+_ACTIVATIONS = {  # config.hidden_act -> the fused epilogue's name (linear.ACTIVATIONS)
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
 }
 
 
@@ -58,9 +58,8 @@ class PackedBertEncoder:
         self.hidden = config.hidden_size
         self.head_dim = self.hidden // self.heads
         self.eps = config.layer_norm_eps
-        self.act = _ACTIVATIONS[config.hidden_act]
+        self.activation = _ACTIVATIONS[config.hidden_act]
         self.row_block = ROW_BLOCK
-        self.compute_dtype = compute_dtype(precision, dtype)  # GEMMs and attention; residuals stay in dtype
         # RoBERTa-style position ids start after the padding index.
         self.position_offset = (config.pad_token_id + 1) if config.model_type != "bert" else 0
 
@@ -108,33 +107,25 @@ class PackedBertEncoder:
             x += self.token_type[batch.token_type_ids]
         x = F.layer_norm(x, (self.hidden,), *self.emb_ln, self.eps)
         total = x.shape[0]
-        block = min(self.row_block, total)
-        qkv = torch.empty(total, 3 * self.hidden, dtype=self.compute_dtype, device=x.device)
-        up = torch.empty(block, self.intermediate, dtype=self.compute_dtype, device=x.device)
-        nxt = torch.empty_like(x)
+        nxt = torch.empty_like(x) if total > self.row_block else x
         for layer in self.layers:
-            for s, e in _blocks(total, block):  # bias copy stays in cache
-                layer.qkv(x[s:e], out=qkv[s:e])
-            heads = qkv.view(total, 3, self.heads, self.head_dim)
-            ctx = varlen_attention(heads[:, 0], heads[:, 1], heads[:, 2], batch, causal=False).view(total, self.hidden)
-            for s, e in _blocks(total, block):
-                self._dense_tail(layer, x[s:e], ctx[s:e], nxt[s:e], up[: e - s])
+            qkv = layer.qkv(x).view(total, 3, self.heads, self.head_dim)
+            ctx = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], batch, causal=False).view(total, self.hidden)
+            if total <= self.row_block:
+                x = self._dense_tail(layer, x, ctx)
+                continue
+            for s, e in _blocks(total, self.row_block):
+                nxt[s:e] = self._dense_tail(layer, x[s:e], ctx[s:e])
             x, nxt = nxt, x
         return x
 
-    def _dense_tail(self, layer: _Layer, x: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor, up: torch.Tensor) -> None:
-        """Output projection, residual, norm, MLP, residual, norm for one block of rows.
-
-        Run per block of ``row_block`` tokens so the [block, intermediate] activation and every
-        elementwise pass over it stay in cache: fusion by tiling, at the GEMMs' full speed.
-        """
-        h = layer.out(ctx).to(x.dtype)
-        h += x
+    def _dense_tail(self, layer: _Layer, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """Output projection + residual, norm, MLP (activation fused into its first GEMM) + residual,
+        norm, for one block of rows: the [block, intermediate] activation stays in cache."""
+        h = layer.out.plus(ctx, x)
         x1 = F.layer_norm(h, (self.hidden,), *layer.ln1, self.eps)
-        layer.up(x1, out=up)
-        h = layer.down(self.act(up)).to(x.dtype)
-        h += x1
-        out.copy_(F.layer_norm(h, (self.hidden,), *layer.ln2, self.eps))
+        h = layer.down.plus(layer.up(x1, self.activation), x1)
+        return F.layer_norm(h, (self.hidden,), *layer.ln2, self.eps)
 
 
 def _blocks(total: int, block: int):
