@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import os
 from typing import Optional
 
 import typer
@@ -269,11 +270,15 @@ def worker_embed(
     threads: Optional[int] = typer.Option(None, help="torch threads (one per process often wins under load)"),
     skip_unchanged: bool = typer.Option(True, "--skip-unchanged/--no-skip-unchanged",
                                         help="Do not embed chunks whose point already has the same content hash, model and metadata"),
+    nice: int = typer.Option(0, help="Lower this process's CPU priority by N (e.g. 10 for a bulk worker sharing "
+                                     "cores with an online one: the bench's query p95 under backlog fell from 35-41 to 24-31 ms)"),
 ) -> None:
     """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
     from workers.runtime import build_embed_worker, run_until_signalled
 
     logs.configure()
+    if nice:
+        os.nice(nice)
     settings = Settings()
     if threads:
         settings.engine.threads = threads
@@ -325,17 +330,18 @@ def cdc(
 
 @bench_app.command("pipeline")
 def bench_pipeline(
-    docs: int = typer.Option(150, help="Sample documents in the bulk backlog"),
+    docs: int = typer.Option(300, help="Sample documents in each bulk backlog"),
     queries: int = typer.Option(200, help="Round trips measured idle and under backlog"),
     port: int = typer.Option(9092, help="Local broker port"),
-    online_threads: int = typer.Option(1, help="torch threads of the online worker process"),
-    bulk_nice: int = typer.Option(0, help="CPU niceness of the bulk worker process (0: same priority)"),
+    online_threads: int = typer.Option(2, help="torch threads of the online worker process"),
+    bulk_nice: int = typer.Option(10, help="CPU niceness of the bulk worker process (0: same priority)"),
+    warmup: int = typer.Option(150, help="Round trips before measuring (fresh topics and clients warm up)"),
 ) -> None:
     """Bulk chunks/s Kafka -> Qdrant vs the engine alone; query round trips idle and under backlog."""
     from embedstream.bench import pipeline_bench
 
     logs.configure(level="WARNING")
-    pipeline_bench.print_table(pipeline_bench.run(docs, queries, port, online_threads, bulk_nice))
+    pipeline_bench.print_table(pipeline_bench.run(docs, queries, port, online_threads, bulk_nice, warmup))
 
 
 @bench_app.command("stall")

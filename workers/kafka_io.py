@@ -15,6 +15,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
+from embedstream.gcfreeze import freeze_startup_objects
 from schemas import DeadLetter, ErrorInfo
 from schemas.codec import encode
 from workers.health import serve
@@ -96,6 +97,8 @@ def run_until_signalled(worker, metrics_port: int | None, checks: dict[str, Call
                        checks={"model": lambda: worker.ready.is_set(), **checks}, host=host)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
+    frozen = freeze_startup_objects()  # the model is loaded: no full GC walks it mid-request
+    log.info("startup objects frozen for the garbage collector", objects=frozen)
     thread.start()
     while thread.is_alive():
         thread.join(0.5)

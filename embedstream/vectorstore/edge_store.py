@@ -72,6 +72,7 @@ from .base import (
     VectorStoreError,
     describe_mismatch,
     normalize_id,
+    quant_oversampling,
     validate_name,
 )
 
@@ -83,8 +84,6 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = 1
-#: Quantized candidates fetched per result before exact rescoring (binary codes need headroom).
-QUANT_OVERSAMPLING = 3.0
 _SCROLL_PAGE = 1024
 
 _DISTANCE = {"cosine": qe.Distance.Cosine, "dot": qe.Distance.Dot, "euclid": qe.Distance.Euclid}
@@ -451,7 +450,7 @@ class EdgeStore(VectorStore):
             if s.quantization is None:
                 return None
             return qe.SearchParams(
-                quantization=qe.QuantizationSearchParams(rescore=True, oversampling=QUANT_OVERSAMPLING)
+                quantization=qe.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(s.quantization))
             )
 
         prefetches = None

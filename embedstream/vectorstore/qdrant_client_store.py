@@ -36,6 +36,7 @@ from .base import (
     as_float_list,
     describe_mismatch,
     normalize_id,
+    quant_oversampling,
     validate_name,
 )
 
@@ -56,8 +57,6 @@ _DATATYPE_FROM_QDRANT = {v: k for k, v in _DATATYPE_TO_QDRANT.items()}
 
 _SCROLL_PAGE = 1024
 _SPEC_TTL_S = 10.0
-#: Quantized candidates fetched per result before exact rescoring (binary codes need headroom).
-QUANT_OVERSAMPLING = 3.0
 
 
 def _quantization_config(kind: str | None) -> models.QuantizationConfig | None:
@@ -351,11 +350,12 @@ class QdrantClientStore(VectorStore):
         check_top_k(top_k)
         flt = _build_filter(filter)
         # Local mode is brute force and warns on every call if given search params.
+        quantization = None if self.is_local else self._cached_specs(name).get(vector_name, VectorSpec(1)).quantization
         params = (
             None
-            if self.is_local
+            if quantization is None
             else models.SearchParams(
-                quantization=models.QuantizationSearchParams(rescore=True, oversampling=QUANT_OVERSAMPLING)
+                quantization=models.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(quantization))
             )
         )
         pf = None
