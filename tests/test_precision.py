@@ -98,3 +98,13 @@ def test_decoder_runs_in_every_cpu_precision(tiny_qwen3_dir):
 def test_int8_refuses_the_padded_fallback(tiny_bert_dir):
     with pytest.raises(ConfigError, match="int8 needs the packed path.*backend=hf"):
         make_engine(tiny_bert_dir, engine={"backend": "hf", "precision": "int8"})
+
+
+def test_warm_up_runs_every_query_length_and_changes_no_result(tiny_bert_dir, tiny_ce_dir):
+    engine = make_engine(tiny_bert_dir)
+    texts = list(stdlib_paragraphs()[:8])
+    before = _vectors(engine, texts)
+    assert engine.warm_up(12) == 12
+    assert engine.warm_up(10**6) == engine.spec.max_tokens  # capped at the model's limit
+    np.testing.assert_allclose(_vectors(engine, texts), before, atol=1e-6)
+    assert make_engine(tiny_ce_dir, kind="rerank").warm_up(5) == 5

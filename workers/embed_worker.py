@@ -68,6 +68,7 @@ class WorkerOptions:
     commit_interval_s: float = 0.25  # under load; an idle loop commits at once
     flush_timeout_s: float = 30.0  # a producer stuck after a long broker outage must not hang the loop
     skip_unchanged: bool = True  # do not embed a chunk whose point already has its content hash, model, metadata
+    warm_up_tokens: int = 64  # online lane: build kernels for query lengths 1..N before reporting ready (0: off)
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{threading.get_ident()}")
 
 
@@ -408,6 +409,12 @@ class EmbedWorker(WorkerLoop):
     def _timeout(self, lane: str, wanted_ms: int) -> int:
         """A consumer still joining its group needs blocking polls to finish the join."""
         return wanted_ms if self.consumers[lane].assignment() else max(wanted_ms, 100)
+
+    def warm_up(self) -> None:
+        if "online" in self.options.lanes and self.options.warm_up_tokens > 0:
+            start = time.perf_counter()
+            lengths = self.engine.warm_up(self.options.warm_up_tokens)
+            log.info("query shapes warmed up", lengths=lengths, ms=round((time.perf_counter() - start) * 1000))
 
     def started_fields(self) -> dict:
         return {"lanes": list(self.options.lanes), "model": self.engine.spec.name,

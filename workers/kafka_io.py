@@ -43,7 +43,11 @@ class WorkerLoop:
     def close(self) -> None:
         raise NotImplementedError
 
+    def warm_up(self) -> None:
+        """Work done before the worker reports ready (e.g. building kernels for query shapes)."""
+
     def run(self) -> None:
+        self.warm_up()
         log.info(f"{self.name} started", **self.started_fields())
         self.ready.set()
         try:
