@@ -20,7 +20,7 @@ import torch
 from embedstream import logs
 from embedstream.bench.corpus import mixed_length_texts
 from embedstream.config import Settings
-from embedstream.engine.backends.linear import cpu_flags, cpu_has_native_bf16
+from embedstream.engine.backends.linear import DenseLinear, cpu_flags, cpu_has_native_bf16
 from embedstream.engine.engine import EmbedRequest, Engine
 
 
@@ -80,15 +80,11 @@ def measure_peak_gemm_gflops(threads: int, size: int = 2048, repeats: int = 5) -
     """Best observed fp32 GEMM rate, the roofline the engine is compared with: the faster of
     torch.mm (MKL, which runs its AVX2 code on AMD CPUs) and oneDNN's packed-weight linear (which
     uses AVX-512 where present), so a faster kernel never shows up as more than 100% of "peak"."""
-    from embedstream.engine.backends.linear import onednn_available
-
     torch.set_num_threads(threads)
     a = torch.randn(size, size)
     b = torch.randn(size, size)
-    candidates = [lambda: torch.mm(a, b)]
-    if onednn_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b, None)
-        candidates.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+    packed = DenseLinear(b.t().contiguous(), None)  # the engine's own layer: oneDNN where available
+    candidates = [lambda: torch.mm(a, b), lambda: packed(a)]
     best = float("inf")
     for fn in candidates:
         fn()

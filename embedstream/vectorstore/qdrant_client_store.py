@@ -350,7 +350,8 @@ class QdrantClientStore(VectorStore):
         check_top_k(top_k)
         flt = _build_filter(filter)
         # Local mode is brute force and warns on every call if given search params.
-        quantization = None if self.is_local else self._cached_specs(name).get(vector_name, VectorSpec(1)).quantization
+        spec = None if self.is_local else self._cached_specs(name).get(vector_name)
+        quantization = spec.quantization if spec is not None else None
         params = (
             None
             if quantization is None

@@ -107,7 +107,7 @@ class PackedBertEncoder:
             x += self.token_type[batch.token_type_ids]
         x = F.layer_norm(x, (self.hidden,), *self.emb_ln, self.eps)
         total = x.shape[0]
-        nxt = torch.empty_like(x) if total > self.row_block else x
+        nxt = torch.empty_like(x) if total > self.row_block else None  # tiled layers write here
         for layer in self.layers:
             qkv = layer.qkv(x).view(total, 3, self.heads, self.head_dim)
             ctx = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], batch, causal=False).view(total, self.hidden)

@@ -1,7 +1,8 @@
 """The dense layers of the packed backends, in the precision the runner was asked for.
 
 ``float32``: one GEMM with bias (and activation or residual) fused, exact to rounding; on CPU the
-weights are packed once for oneDNN. On CUDA the same class runs bf16 weights in an all-bf16 model. ``bfloat16`` on CPU is mixed precision: bf16 GEMMs and attention (AVX512-BF16 / AMX
+weights are packed once for oneDNN. On CUDA the same class runs bf16 weights in an all-bf16 model.
+``bfloat16`` on CPU is mixed precision: bf16 GEMMs and attention (AVX512-BF16 / AMX
 run them about 4x faster than fp32) while the residual stream and layer norms stay float32, which
 keeps MiniLM's vectors at cosine >= 0.9999 of float32 where an all-bf16 model dips below it.
 ``int8``: dynamic quantization — weights int8 with one scale per output channel (per-tensor scales
@@ -70,7 +71,6 @@ class DenseLinear:
         self.compute_dtype = compute_dtype or weight.dtype
         weight = weight.to(self.compute_dtype)
         self.bias = None if bias is None else bias.to(self.compute_dtype)
-        self.out_features = weight.shape[0]
         self.packed = None
         if weight.device.type == "cpu" and self.compute_dtype in (torch.float32, torch.bfloat16) and onednn_available():
             try:
@@ -113,9 +113,8 @@ class Int8Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         weight = weight.detach().float().cpu()
-        self.out_features = weight.shape[0]
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
-        zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # quantized tensors are "deprecated" but still the fbgemm entry point
             warnings.simplefilter("ignore")
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
@@ -132,11 +131,6 @@ class Int8Linear:
 
     def add_into(self, residual: torch.Tensor, x: torch.Tensor) -> None:
         residual += self(x)
-
-
-def compute_dtype(precision: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype the GEMMs and attention run in for a model whose residual stream is ``dtype``."""
-    return torch.bfloat16 if precision == "bfloat16" else dtype
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, precision: str):
