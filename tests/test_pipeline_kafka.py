@@ -16,7 +16,7 @@ from embedstream.engine.engine import EmbedRequest
 from producers.chunker import Chunker
 from producers.publisher import ChunkPublisher, ensure_topics
 from producers.query_client import QueryClient
-from schemas import ChunkEvent, DeadLetter
+from schemas import ChunkEvent, DeadLetter, QueryReply
 from schemas.codec import decode, encode
 from workers.runtime import build_embed_worker
 from workers.sink import point_id
@@ -118,3 +118,34 @@ def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, min
     committed = sum((consumer.committed(TopicPartition(topic, p)) or 0) for p in consumer.partitions_for_topic(topic))
     consumer.close()
     assert committed == len(values)
+
+
+def test_online_window_holds_bursts_but_not_a_lone_query(kafka_bootstrap, minilm_engine):
+    """A 300 ms window: a query after a quiet spell is not held for it; a burst shares passes."""
+    settings = isolated_settings(kafka_bootstrap, "window")
+    settings.kafka.online_batch_window_ms = 300
+    ensure_topics(settings.kafka, partitions=2)
+    with QueryClient(settings.kafka) as client, RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)) as worker:
+        wait_for(lambda: worker.ready.is_set(), 120, "worker ready")
+        client.embed("warm the partitions up", timeout_s=60)
+        time.sleep(0.5)  # a quiet spell: the next query arrives alone
+        lone = client.embed("how do I open a file for reading?", timeout_s=30)
+        assert lone.error is None
+        assert lone.timings_ms["queue_wait"] < 150, lone.timings_ms  # not held for the 300 ms window
+
+        sample = worker.metrics.registry.get_sample_value
+        passes_before = sample("embedstream_batch_size_count", {"lane": "online"})
+        futures = [client.submit(settings.kafka.topic_queries, _query(client, f"question number {k}"), QueryReply, timeout_s=60)
+                   for k in range(8)]
+        replies = [f.result(timeout=60) for f in futures]
+        assert all(r.error is None and r.dims == 384 for r in replies)
+        passes = sample("embedstream_batch_size_count", {"lane": "online"}) - passes_before
+        assert passes < 8  # the burst was batched: at least two queries shared a forward pass
+
+
+def _query(client, text: str):
+    import uuid
+
+    from schemas import QueryRequest
+
+    return QueryRequest(request_id=uuid.uuid4().hex, text=text, reply_to=client.reply_topic, prompt="query")

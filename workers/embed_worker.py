@@ -29,6 +29,7 @@ from embedstream.engine.errors import EngineError
 from schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from schemas.codec import DecodeError, decode
 from schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
+from workers.batching_window import BatchingWindow
 from workers.kafka_io import WorkerLoop, commit_finished, send_dead_letter, send_reply, subscribe
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
@@ -60,7 +61,7 @@ class WorkItem:
 @dataclass
 class WorkerOptions:
     lanes: tuple[str, ...] = LANES
-    online_window_ms: float = 2.0
+    online_window_ms: float = 2.0  # opens only while queries arrive densely (BatchingWindow)
     bulk_slice_tokens: int = 1024  # bulk batch cap while online traffic is recent
     online_quiet_s: float = 1.0  # online counts as "recent" for this long after its last item
     max_queue_tokens: int = 65536  # per lane; above it the lane's partitions are paused
@@ -106,6 +107,7 @@ class EmbedWorker(WorkerLoop):
         self.paused: dict[str, bool] = {lane: False for lane in self.options.lanes}
         self.last_online = 0.0
         self.last_commit = 0.0
+        self.window = BatchingWindow(self.options.online_window_ms)
         super().__init__()
         client = self.kafka.client_kwargs()
         self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)
@@ -173,6 +175,7 @@ class EmbedWorker(WorkerLoop):
             self.queued_tokens[lane] += item.tokens
         if lane == "online":
             self.last_online = time.monotonic()
+            self.window.arrived(received, len(records))
         self.metrics.queue_depth(lane, len(self.queues[lane]), self.queued_tokens[lane])
         return len(records)
 
@@ -250,11 +253,11 @@ class EmbedWorker(WorkerLoop):
         return batch
 
     def _await_online_window(self) -> None:
-        """Give a fresh online batch up to ``online_window_ms`` to grow (admission control)."""
+        """Give a fresh online batch up to ``online_window_ms`` to grow, while traffic is dense."""
         queue = self.queues["online"]
         if not queue:
             return
-        deadline = queue[0].received + self.options.online_window_ms / 1000
+        deadline = self.window.deadline(queue[0].received)
         while time.perf_counter() < deadline and self.queued_tokens["online"] < self.engine.limits.max_batch_tokens:
             if not self._poll("online", 1):
                 remaining = deadline - time.perf_counter()

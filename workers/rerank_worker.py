@@ -36,6 +36,7 @@ from schemas.events import now_ms
 from schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
 from workers import kafka_io
 from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, send_reply, subscribe
+from workers.batching_window import BatchingWindow
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.search import Retrieved, Searcher, SearchError
@@ -108,6 +109,7 @@ class RerankWorker(WorkerLoop):
         self.metrics = metrics or WorkerMetrics(model=engine.spec.name)
         self.searcher = searcher
         self.queue: deque[_Item] = deque()
+        self.window = BatchingWindow(self.options.batch_window_ms)
         self.offsets = OffsetTracker()
         self.paused = False
         super().__init__()
@@ -148,6 +150,7 @@ class RerankWorker(WorkerLoop):
             self.queue.append(_Item(lane, record.topic, record.partition, record.offset, handle, request,
                                     candidates, received))
         if records:
+            self.window.arrived(received, len(records))
             self.metrics.queue_depth(LANE_RERANK, len(self.queue), sum(i.pairs for i in self.queue))
         return len(records)
 
@@ -214,10 +217,10 @@ class RerankWorker(WorkerLoop):
 
     # -- batch formation -------------------------------------------------------------------------
     def _await_window(self) -> None:
-        """Give a fresh pass up to ``batch_window_ms`` to gather more requests."""
+        """Give a fresh pass up to ``batch_window_ms`` to gather more requests, while traffic is dense."""
         if not self.queue:
             return
-        deadline = self.queue[0].received + self.options.batch_window_ms / 1000
+        deadline = self.window.deadline(self.queue[0].received)
         while time.perf_counter() < deadline and sum(i.pairs for i in self.queue) < self.options.max_pairs_per_pass:
             if not self._poll(1):
                 remaining = deadline - time.perf_counter()

@@ -1,0 +1,39 @@
+"""The online batching window waits only when company is likely: a lone request goes at once."""
+
+from __future__ import annotations
+
+from workers.batching_window import BatchingWindow
+
+
+def test_a_lone_request_after_a_quiet_spell_does_not_wait():
+    window = BatchingWindow(window_ms=5)
+    window.arrived(when=10.0, count=1)
+    assert window.deadline(oldest_received=10.0) == 10.0
+    window.arrived(when=10.5, count=1)  # 500 ms later: still sparse traffic
+    assert window.deadline(oldest_received=10.5) == 10.5
+
+
+def test_dense_traffic_gets_the_full_window():
+    window = BatchingWindow(window_ms=5)
+    window.arrived(when=10.0, count=1)
+    window.arrived(when=10.003, count=1)  # 3 ms after the last one: another is likely within 5 ms
+    assert abs(window.deadline(oldest_received=10.003) - 10.008) < 1e-9
+
+
+def test_a_burst_in_one_poll_counts_as_dense():
+    window = BatchingWindow(window_ms=5)
+    window.arrived(when=10.0, count=4)
+    assert abs(window.deadline(oldest_received=10.0) - 10.005) < 1e-9
+
+
+def test_traffic_that_thins_out_stops_waiting():
+    window = BatchingWindow(window_ms=5)
+    window.arrived(when=10.0, count=3)
+    window.arrived(when=10.2, count=1)
+    assert window.deadline(oldest_received=10.2) == 10.2
+
+
+def test_a_zero_window_never_waits():
+    window = BatchingWindow(window_ms=0)
+    window.arrived(when=10.0, count=8)
+    assert window.deadline(oldest_received=10.0) == 10.0
