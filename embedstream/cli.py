@@ -333,15 +333,18 @@ def bench_pipeline(
     docs: int = typer.Option(300, help="Sample documents in each bulk backlog"),
     queries: int = typer.Option(200, help="Round trips measured idle and under backlog"),
     port: int = typer.Option(9092, help="Local broker port"),
-    online_threads: int = typer.Option(2, help="torch threads of the online worker process"),
+    online_threads: int = typer.Option(1, help="torch threads of the online worker process"),
+    online_precision: str = typer.Option("fast", help="Precision of the online worker (auto: exact float32 on CPU)"),
     bulk_nice: int = typer.Option(10, help="CPU niceness of the bulk worker process (0: same priority)"),
     warmup: int = typer.Option(150, help="Round trips before measuring (fresh topics and clients warm up)"),
+    rounds: int = typer.Option(3, help="Throughput rounds (engine alone, then end to end); the ratio is their median"),
 ) -> None:
     """Bulk chunks/s Kafka -> Qdrant vs the engine alone; query round trips idle and under backlog."""
     from embedstream.bench import pipeline_bench
 
     logs.configure(level="WARNING")
-    pipeline_bench.print_table(pipeline_bench.run(docs, queries, port, online_threads, bulk_nice, warmup))
+    pipeline_bench.print_table(pipeline_bench.run(docs, queries, port, online_threads, bulk_nice, warmup, rounds,
+                                                  online_precision))
 
 
 @bench_app.command("stall")

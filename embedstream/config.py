@@ -54,9 +54,11 @@ class EngineSettings(BaseModel):
     backend: Literal["auto", "packed", "hf"] = Field(
         default="auto", description="auto: padding-free packed path when the architecture is covered, else HF"
     )
-    precision: Literal["auto", "float32", "bfloat16", "int8"] = Field(
+    precision: Literal["auto", "fast", "float32", "bfloat16", "int8"] = Field(
         default="auto",
-        description="auto: exact float32 on CPU, bf16 on CUDA; bfloat16: fast on CPUs with AVX512-BF16/AMX; "
+        description="auto: exact float32 on CPU, bf16 on CUDA; fast: bf16 wherever the hardware computes it "
+        "natively (CUDA, CPUs with AVX512-BF16/AMX), float32 elsewhere (the online lane's choice: min cos 0.99997 "
+        "to float32); bfloat16: fast on CPUs with AVX512-BF16/AMX, emulated elsewhere; "
         "int8: dynamic quantization on CPU (per-channel weights; approximate, see bench engine's min cos)",
     )
     max_text_bytes: int = Field(

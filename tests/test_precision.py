@@ -33,6 +33,16 @@ def test_auto_is_exact_float32_on_cpu_and_bf16_on_cuda():
     assert pick_precision("bfloat16", torch.device("cpu")) == ("bfloat16", torch.float32)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_fast_is_bf16_only_where_the_hardware_computes_it(monkeypatch, native):
+    from embedstream.engine import runner
+
+    monkeypatch.setattr(runner, "cpu_has_native_bf16", lambda: native)
+    expected = ("bfloat16", torch.float32) if native else ("float32", torch.float32)
+    assert pick_precision("fast", torch.device("cpu")) == expected
+    assert pick_precision("fast", torch.device("cuda")) == ("bfloat16", torch.bfloat16)
+
+
 def test_int8_on_cuda_and_unknown_precisions_are_refused():
     with pytest.raises(ConfigError, match="int8 runs on CPU"):
         pick_precision("int8", torch.device("cuda"))

@@ -41,7 +41,8 @@ def pick_device(requested: str) -> torch.device:
 
 
 def pick_precision(requested: str, device: torch.device) -> tuple[str, torch.dtype]:
-    """(precision, activation dtype). auto: bf16 on CUDA, exact float32 on CPU.
+    """(precision, activation dtype). auto: bf16 on CUDA, exact float32 on CPU. fast: bf16 wherever
+    the hardware computes it natively, float32 elsewhere (never the lossier int8).
 
     bfloat16 on CPU is fast only where the CPU has bf16 dot products (AVX512-BF16, AMX) and is
     otherwise emulated (about 6x slower than fp32 on AVX2); int8 is dynamic quantization on CPU.
@@ -50,6 +51,8 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, torch.dty
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
     if requested == "auto":
         requested = "bfloat16" if device.type == "cuda" else "float32"
+    elif requested == "fast":
+        requested = "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"
     if requested == "int8" and device.type != "cpu":
         raise ConfigError("precision=int8 runs on CPU (fbgemm dynamic quantization); use bfloat16 on CUDA")
     if requested == "bfloat16" and device.type == "cuda":

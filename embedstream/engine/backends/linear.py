@@ -18,7 +18,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-PRECISIONS = ("auto", "float32", "bfloat16", "int8")
+PRECISIONS = ("auto", "fast", "float32", "bfloat16", "int8")
 
 
 @functools.lru_cache(maxsize=1)
