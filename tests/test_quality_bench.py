@@ -23,3 +23,15 @@ def test_forms_rank_as_their_precision_allows_and_name_the_oversampling_they_nee
     assert binary.recall < rows["int8"].recall  # 1 bit per dimension loses the most
     assert binary.oversampling_needed in (0, *OVERSAMPLING_LADDER)
     assert binary.oversampling_needed == 0 or binary.oversampling_needed >= rows["int8"].oversampling_needed
+
+
+def test_queries_embedded_another_way_are_scored_against_the_float32_vectors():
+    rng = np.random.default_rng(1)
+    vectors = _unit(rng.standard_normal((2000, 64)))
+    queries = _unit(vectors[:40] + 0.3 * rng.standard_normal((40, 64)))
+    same = queries.copy()
+    noisy = _unit(queries + 0.5 * rng.standard_normal(queries.shape))
+    rows = {row.form: row for row in evaluate(vectors, queries, k=10, rescore=4, other_queries={"same": same, "noisy": noisy})}
+    assert rows["same"].recall == 1.0
+    assert rows["noisy"].recall < 0.9
+    assert rows["same"].recall_rescored is None

@@ -67,17 +67,21 @@ def build_corpus(queries: int = 200, chunk_words: int = 40, seed: int = 17) -> t
     return chunks, [paras[i] for i in sorted(held)]
 
 
-def embed_cached(model: str, texts: list[str], threads: int | None = None, progress: bool = True) -> np.ndarray:
-    """float32 [N, D] normalised embeddings of texts, computed once per (model, texts) and cached."""
+def embed_cached(model: str, texts: list[str], threads: int | None = None, progress: bool = True,
+                 precision: str = "float32") -> np.ndarray:
+    """float32 [N, D] normalised embeddings of texts, computed once per (model, precision, texts) and cached."""
     from embedstream.config import Settings
     from embedstream.engine.engine import EmbedRequest, Engine
     from embedstream.engine.model_spec import resolve_model
 
     settings = Settings()
     settings.engine.threads = threads
+    settings.engine.precision = precision
     spec = resolve_model(model, settings.models)
     digest = hashlib.sha256()
     digest.update(f"{spec.name}\x1f{spec.path}\x1f{spec.pooling}\x1f{spec.max_tokens}\x1e".encode())
+    if precision != "float32":  # float32 keeps its old cache key
+        digest.update(f"precision={precision}\x1e".encode())
     for text in texts:
         digest.update(text.encode("utf-8", "surrogatepass") + b"\x1e")
     path = CACHE_DIR / f"quality-{digest.hexdigest()[:16]}.npy"
@@ -156,8 +160,12 @@ class QualityResult:
     score_s: float
 
 
-def evaluate(vectors: np.ndarray, queries: np.ndarray, k: int = 10, rescore: int = 4) -> list[FormRow]:
-    """Recall@k of every storage form against exact float32 brute force, plain and rescored."""
+def evaluate(vectors: np.ndarray, queries: np.ndarray, k: int = 10, rescore: int = 4,
+             other_queries: dict[str, np.ndarray] | None = None) -> list[FormRow]:
+    """Recall@k of every storage form against exact float32 brute force, plain and rescored.
+
+    ``other_queries``: the same queries embedded another way (e.g. at the online lane's bf16),
+    searched against the float32 vectors: what the query path's precision costs on its own."""
     d = vectors.shape[1]
     truth = _topk(queries @ vectors.T, k)
     wide = k * rescore
@@ -174,6 +182,9 @@ def evaluate(vectors: np.ndarray, queries: np.ndarray, k: int = 10, rescore: int
         rows.append(FormRow(name, nbytes, recall(plain, truth), at_rescore, note, needed))
 
     rows.append(FormRow("float32 (exact)", 4 * d, 1.0, None, "the reference"))
+    for name, other in (other_queries or {}).items():
+        rows.append(FormRow(name, 4 * d, recall(_topk(other @ vectors.T, k), truth), None,
+                            "float32 vectors, queries embedded at this precision"))
     f16 = vectors.astype(np.float16).astype(np.float32)
     add("float16", 2 * d, queries @ f16.T)
     peak = np.abs(vectors).max(axis=1, keepdims=True)
@@ -201,10 +212,11 @@ def run(model: str = "all-MiniLM-L6-v2", queries: int = 200, k: int = 10, rescor
         raise RuntimeError(f"only {len(chunks)} chunks (< {min_chunks}); lower --chunk-words")
     t0 = time.perf_counter()
     matrix = embed_cached(model, chunks + held, threads)
-    embed_s = time.perf_counter() - t0
     vectors, qvecs = matrix[: len(chunks)], matrix[len(chunks) :]
+    bf16_queries = embed_cached(model, held, threads, progress=False, precision="bfloat16")
+    embed_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rows = evaluate(vectors, qvecs, k, rescore)
+    rows = evaluate(vectors, qvecs, k, rescore, {"float32, queries at bfloat16 (precision 'fast')": bf16_queries})
     return QualityResult(model, vectors.shape[1], len(chunks), len(held), k, rescore, rows, embed_s,
                          time.perf_counter() - t1)
 
