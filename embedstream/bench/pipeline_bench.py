@@ -150,7 +150,7 @@ def run(docs: int = 300, queries: int = 200, port: int = 9092, online_threads: i
     backlogs = [_backlog(docs, 21 + r, f"r{r}") for r in range(rounds)]
     texts = [[t for d in corpus for t in chunker.chunk(d["text"])] for corpus in backlogs]
     queries_text = [" ".join(t.split()[:12]) for t in texts[0][:50]]  # query-sized: ~12 words, 15-25 tokens
-    out: dict = {"chunks": len(texts[0]), "online_threads": online_threads, "bulk_nice": bulk_nice,
+    out: dict = {"chunks": sum(map(len, texts)), "real_tokens": 0, "online_threads": online_threads, "bulk_nice": bulk_nice,
                  "rounds": rounds, "online_precision": online_precision}
 
     import torch
@@ -173,7 +173,8 @@ def run(docs: int = 300, queries: int = 200, port: int = 9092, online_threads: i
             # 1. throughput rounds, engine alone and end to end in turns, no queries (and no
             #    query client yet: its reply reader would share this process's GIL with the engine)
             for corpus, round_texts in zip(backlogs, texts):
-                engine_s, out["real_tokens"] = _engine_alone(engine, round_texts)
+                engine_s, tokens = _engine_alone(engine, round_texts)
+                out["real_tokens"] += tokens
                 start = time.perf_counter()
                 total = pub.publish_documents(corpus, chunker)
                 pub.flush()
@@ -215,8 +216,8 @@ def run(docs: int = 300, queries: int = 200, port: int = 9092, online_threads: i
 def print_table(out: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"bench pipeline: {out['rounds']} rounds of {out['chunks']} chunks ({out['real_tokens']} real "
-                        f"tokens in the last); bulk worker 1 thread at nice {out['bulk_nice']}, online worker "
+    table = Table(title=f"bench pipeline: {out['rounds']} rounds, {out['chunks']} chunks, {out['real_tokens']} real "
+                        f"tokens in all; bulk worker 1 thread at nice {out['bulk_nice']}, online worker "
                         f"{out['online_threads']} thread(s) at precision {out['online_precision']}")
     table.add_column("measure")
     table.add_column("value", justify="right")
