@@ -102,7 +102,9 @@ class KafkaSettings(BaseModel):
     max_record_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1, description="Dead-letter a record value above this size without parsing it"
     )
-    online_batch_window_ms: float = Field(default=2.0, description="Max wait to grow an online batch")
+    online_batch_window_ms: float = Field(
+        default=2.0, description="Max wait to grow an online batch; it opens only while requests arrive densely"
+    )
     session_timeout_ms: int | None = Field(
         default=None,
         description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client default, 45 s)",
