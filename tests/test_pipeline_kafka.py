@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from embedstream.engine.engine import EmbedRequest
 from producers.chunker import Chunker
 from producers.publisher import ChunkPublisher, ensure_topics
 from producers.query_client import QueryClient
-from schemas import ChunkEvent, DeadLetter, QueryReply
+from schemas import ChunkEvent, DeadLetter, QueryReply, QueryRequest
 from schemas.codec import decode, encode
 from workers.runtime import build_embed_worker
 from workers.sink import point_id
@@ -143,9 +144,5 @@ def test_online_window_holds_bursts_but_not_a_lone_query(kafka_bootstrap, minilm
         assert passes < 8  # the burst was batched: at least two queries shared a forward pass
 
 
-def _query(client, text: str):
-    import uuid
-
-    from schemas import QueryRequest
-
+def _query(client, text: str) -> QueryRequest:
     return QueryRequest(request_id=uuid.uuid4().hex, text=text, reply_to=client.reply_topic, prompt="query")

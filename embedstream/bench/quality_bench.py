@@ -13,7 +13,9 @@ Every form is scored by brute force in numpy, so the numbers are exact, not an i
   integers, which is what a store does with it before any rescoring;
 * binary: sign bits, Hamming distance to the query's sign bits, no rescoring;
 * each of them again with a rescoring pass: ``rescore`` x k candidates from the form, reranked on
-  the full float32 vectors (which then live on disk or in a slower tier).
+  the full float32 vectors (which then live on disk or in a slower tier);
+* float32 vectors searched with the queries embedded at bf16 (what precision ``fast`` gives the
+  online lane where the CPU has native bf16): the cost of the query path's precision alone.
 Matryoshka sizes are not measured: MiniLM is not Matryoshka-trained, its truncated vectors are
 not a supported form (the engine refuses them), and the table says so.
 """
