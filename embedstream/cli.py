@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 import os
+import sys
 from typing import Optional
 
 import typer

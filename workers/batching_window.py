@@ -10,6 +10,9 @@ during its forward pass form the next batch (continuous batching, as TEI and vLL
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 
 class BatchingWindow:
     """Tracks arrivals; says until when the oldest queued request may wait for others."""
@@ -30,3 +33,15 @@ class BatchingWindow:
     def deadline(self, oldest_received: float) -> float:
         """The time a batch whose oldest request arrived at ``oldest_received`` may keep gathering until."""
         return oldest_received + (self.window_s if self.dense else 0.0)
+
+    def gather(self, oldest_received: float, poll: Callable[[], int], full: Callable[[], bool]) -> None:
+        """Poll for more requests until the deadline passes or the batch is full.
+
+        ``poll`` fetches briefly and returns how many records it queued; ``full`` says whether the
+        queue already fills one pass."""
+        deadline = self.deadline(oldest_received)
+        while time.perf_counter() < deadline and not full():
+            if not poll():
+                remaining = deadline - time.perf_counter()
+                if remaining > 0:
+                    time.sleep(min(remaining, 0.0005))

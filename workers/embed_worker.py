@@ -255,14 +255,9 @@ class EmbedWorker(WorkerLoop):
     def _await_online_window(self) -> None:
         """Give a fresh online batch up to ``online_window_ms`` to grow, while traffic is dense."""
         queue = self.queues["online"]
-        if not queue:
-            return
-        deadline = self.window.deadline(queue[0].received)
-        while time.perf_counter() < deadline and self.queued_tokens["online"] < self.engine.limits.max_batch_tokens:
-            if not self._poll("online", 1):
-                remaining = deadline - time.perf_counter()
-                if remaining > 0:
-                    time.sleep(min(remaining, 0.0005))
+        if queue:
+            self.window.gather(queue[0].received, lambda: self._poll("online", 1),
+                               lambda: self.queued_tokens["online"] >= self.engine.limits.max_batch_tokens)
 
     # -- processing ----------------------------------------------------------------------------
     def _process(self, batch: list[WorkItem]) -> None:

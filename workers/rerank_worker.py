@@ -218,14 +218,9 @@ class RerankWorker(WorkerLoop):
     # -- batch formation -------------------------------------------------------------------------
     def _await_window(self) -> None:
         """Give a fresh pass up to ``batch_window_ms`` to gather more requests, while traffic is dense."""
-        if not self.queue:
-            return
-        deadline = self.window.deadline(self.queue[0].received)
-        while time.perf_counter() < deadline and sum(i.pairs for i in self.queue) < self.options.max_pairs_per_pass:
-            if not self._poll(1):
-                remaining = deadline - time.perf_counter()
-                if remaining > 0:
-                    time.sleep(min(remaining, 0.0005))
+        if self.queue:
+            self.window.gather(self.queue[0].received, lambda: self._poll(1),
+                               lambda: sum(i.pairs for i in self.queue) >= self.options.max_pairs_per_pass)
 
     def _take(self) -> list[_Item]:
         taken: list[_Item] = []

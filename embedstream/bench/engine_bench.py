@@ -164,7 +164,7 @@ def _embedstream(engine: Engine) -> Callable[[list[str]], tuple[np.ndarray, int]
     return run
 
 
-def default_fast_precisions() -> list[str]:
+def default_approximate_precisions() -> list[str]:
     """The approximate paths worth a row on this CPU: int8 always, bf16 only where it is native."""
     return ["int8"] + (["bfloat16"] if cpu_has_native_bf16() else [])
 
@@ -189,7 +189,7 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
     The first row is always the exact float32 path; ``precisions`` add approximate rows (int8,
     bfloat16) whose min cosine is taken against it."""
     threads = threads or [1, 2]
-    precisions = default_fast_precisions() if precisions is None else precisions
+    precisions = default_approximate_precisions() if precisions is None else precisions
     engine = _engine(model, "float32")
     tok = engine.tokenizer.tokenizer
     corpus = mixed_length_texts(texts, lambda s: len(tok.encode(s).ids), engine.spec.max_tokens)

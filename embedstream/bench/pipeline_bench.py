@@ -118,7 +118,10 @@ class _LagProbe:
                 raise RuntimeError(f"bulk backlog not drained after {timeout_s:g} s")
             time.sleep(0.2)
 
-    def close(self) -> None:
+    def __enter__(self) -> "_LagProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
         self.consumer.close()
 
 
@@ -168,8 +171,7 @@ def run(docs: int = 300, queries: int = 200, port: int = 9092, online_threads: i
     try:
         _wait_ready(store_dir, ["bulk", "online"])
         freeze_startup_objects()  # this process loaded a model too: keep full GCs out of the timings
-        probe = _LagProbe(k, f"{prefix}-bulk")
-        with ChunkPublisher(k, lane="bulk") as pub:
+        with _LagProbe(k, f"{prefix}-bulk") as probe, ChunkPublisher(k, lane="bulk") as pub:
             # 1. throughput rounds, engine alone and end to end in turns, no queries (and no
             #    query client yet: its reply reader would share this process's GIL with the engine)
             for corpus, round_texts in zip(backlogs, texts):
@@ -194,7 +196,6 @@ def run(docs: int = 300, queries: int = 200, port: int = 9092, online_threads: i
                 pub.flush()
                 busy = _round_trips(client, queries_text, queries)
                 out["backlog_left_after_queries"] = probe.lag()
-        probe.close()
     finally:
         for p in procs:
             p.terminate()

@@ -72,6 +72,7 @@ class PackedBertEncoder:
         types = getattr(emb, "token_type_embeddings", None)
         self.token_type = t(types.weight) if types is not None else None
         self.emb_ln = (t(emb.LayerNorm.weight), t(emb.LayerNorm.bias))
+
         def linear(weight: torch.Tensor, bias: torch.Tensor):
             return make_linear(t(weight), t(bias), precision)
 
