@@ -138,9 +138,9 @@ def produce(
     from rich.progress import Progress
 
     from embedstream.engine.model_spec import resolve_model
-    from producers.chunker import Chunker
-    from producers.publisher import ChunkPublisher
-    from producers.sources import DocumentSource
+    from embedstream.producers.chunker import Chunker
+    from embedstream.producers.publisher import ChunkPublisher
+    from embedstream.producers.sources import DocumentSource
 
     logs.configure()
     if lane not in ("online", "bulk"):
@@ -170,7 +170,7 @@ def query(
     show: int = typer.Option(8, help="Vector components to print"),
 ) -> None:
     """Embed one query through Kafka request-reply and print the reply with its stage timings."""
-    from producers.query_client import QueryClient
+    from embedstream.producers.query_client import QueryClient
 
     logs.configure()
     with QueryClient(Settings().kafka) as client:
@@ -185,7 +185,7 @@ def query(
 @schemas_app.command("export")
 def schemas_export(directory: str = typer.Argument(..., help="Output folder for <Name>.schema.json files")) -> None:
     """Write the JSON Schema of every wire model, for producers in other languages."""
-    from schemas.export import export_json_schemas
+    from embedstream.schemas.export import export_json_schemas
 
     for path in export_json_schemas(directory):
         typer.echo(str(path))
@@ -220,8 +220,8 @@ def reindex(
 
     from embedstream.engine.model_spec import output_dimensions, resolve_model
     from embedstream.reindex import ReindexError, Reindexer, ReindexPlan
-    from producers.replay import StartPosition
-    from workers.runtime import open_settings_store, sink_config_from
+    from embedstream.producers.replay import StartPosition
+    from embedstream.workers.runtime import open_settings_store, sink_config_from
 
     logs.configure()
     settings = Settings()
@@ -274,7 +274,7 @@ def worker_embed(
                                      "cores with an online one: the bench's query p95 under backlog fell from 35-41 to 24-31 ms)"),
 ) -> None:
     """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
-    from workers.runtime import build_embed_worker, run_until_signalled
+    from embedstream.workers.runtime import build_embed_worker, run_until_signalled
 
     logs.configure()
     if nice:
@@ -308,9 +308,9 @@ def cdc(
 ) -> None:
     """Apply Debezium change events: c/r/u re-chunk and publish (unchanged chunks are not re-embedded), d/tombstone delete."""
     from embedstream.engine.model_spec import resolve_model
-    from producers.chunker import Chunker
-    from producers.debezium import CdcConfig
-    from workers.cdc_bridge import CdcBridge, CdcOptions, run_until_signalled
+    from embedstream.producers.chunker import Chunker
+    from embedstream.producers.debezium import CdcConfig
+    from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions, run_until_signalled
 
     logs.configure()
     if lane not in ("online", "bulk"):

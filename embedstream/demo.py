@@ -19,10 +19,10 @@ from embedstream import devkafka
 from embedstream.bench.corpus import documents
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
-from producers.chunker import Chunker
-from producers.publisher import ChunkPublisher, ensure_topics
-from producers.query_client import QueryClient
-from workers.runtime import build_embed_worker, open_settings_store
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.query_client import QueryClient
+from embedstream.workers.runtime import build_embed_worker, open_settings_store
 
 QUERIES = [
     "How do I read a file line by line?",

@@ -20,10 +20,10 @@ from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine.model_spec import ModelSpec
 from embedstream.vectorstore.base import VectorStore
-from producers.chunker import Chunker
-from producers.publisher import ChunkPublisher, ensure_topics
-from producers.replay import DocumentReplay, ReplayProgress, StartPosition
-from workers.sink import QdrantSink, SinkConfig
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.replay import DocumentReplay, ReplayProgress, StartPosition
+from embedstream.workers.sink import QdrantSink, SinkConfig
 
 log = logs.get("embedstream.reindex")
 

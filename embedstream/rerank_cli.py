@@ -29,7 +29,7 @@ def worker_rerank(
                                       help="Embed search queries through the embed workers over Kafka instead of in-process"),
 ) -> None:
     """Consume rerank and search requests, score candidates in packed cross-encoder passes, reply; runs until SIGTERM."""
-    from workers.rerank_worker import RerankOptions, build_rerank_worker, run_until_signalled
+    from embedstream.workers.rerank_worker import RerankOptions, build_rerank_worker, run_until_signalled
 
     logs.configure()
     settings = Settings()
@@ -80,9 +80,9 @@ def search(
 
     from rich.table import Table
 
-    from producers.query_client import QueryClient
-    from schemas.events import now_ms
-    from schemas.rerank import SearchReply, SearchRequest
+    from embedstream.producers.query_client import QueryClient
+    from embedstream.schemas.events import now_ms
+    from embedstream.schemas.rerank import SearchReply, SearchRequest
 
     logs.configure()
     settings = Settings()

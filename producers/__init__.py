@@ -1,7 +1,7 @@
 """Client side of embedstream: chunk documents, publish them to Kafka, and ask for query embeddings."""
 
-from producers.chunker import Chunker
-from producers.sources import Document, DocumentSource, SourceError, iter_documents, parse_document
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.sources import Document, DocumentSource, SourceError, iter_documents, parse_document
 
 __all__ = [
     "Chunker",
@@ -20,11 +20,11 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """Kafka-backed classes load lazily, so chunking and reading sources work without a Kafka client."""
     if name in ("ChunkPublisher", "PublishError", "ensure_topics"):
-        from producers import publisher
+        from embedstream.producers import publisher
 
         return getattr(publisher, name)
     if name == "QueryClient":
-        from producers.query_client import QueryClient
+        from embedstream.producers.query_client import QueryClient
 
         return QueryClient
     raise AttributeError(f"module 'producers' has no attribute {name!r}")

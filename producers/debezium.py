@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from schemas.events import ErrorInfo
+from embedstream.schemas.events import ErrorInfo
 
 UPSERT_OPS = frozenset({"c", "r", "u"})
 KNOWN_OPS = frozenset({"c", "r", "u", "d", "t"})

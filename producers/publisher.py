@@ -17,10 +17,10 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.producer.future import FutureRecordMetadata
 
 from embedstream.config import KafkaSettings
-from producers.chunker import Chunker
-from producers.sources import Document
-from schemas.codec import encode
-from schemas.events import ChunkEvent, DocumentDelete, DocumentRecord, Lane, content_hash, now_ms
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.sources import Document
+from embedstream.schemas.codec import encode
+from embedstream.schemas.events import ChunkEvent, DocumentDelete, DocumentRecord, Lane, content_hash, now_ms
 
 log = logging.getLogger(__name__)
 

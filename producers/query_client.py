@@ -20,9 +20,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from embedstream.config import KafkaSettings
-from producers.publisher import DEFAULT_PARTITIONS, ensure_topics
-from schemas.codec import DecodeError, decode, encode
-from schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
+from embedstream.producers.publisher import DEFAULT_PARTITIONS, ensure_topics
+from embedstream.schemas.codec import DecodeError, decode, encode
+from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class QueryClient:
             if not ids:
                 raise RuntimeError(
                     f"reply topic {self.reply_topic!r} does not exist on {self.settings.bootstrap_servers} "
-                    f"(create it, e.g. with producers.publisher.ensure_topics)"
+                    f"(create it, e.g. with embedstream.producers.publisher.ensure_topics)"
                 )
             assigned = [TopicPartition(self.reply_topic, p) for p in sorted(ids)]
             consumer.assign(assigned)

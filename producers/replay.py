@@ -20,11 +20,11 @@ from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from producers.chunker import Chunker
-from producers.publisher import ChunkPublisher
-from producers.sources import Document
-from schemas.codec import DecodeError, decode, encode
-from schemas.events import DeadLetter, DocumentDelete, DocumentRecord, ErrorInfo
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.publisher import ChunkPublisher
+from embedstream.producers.sources import Document
+from embedstream.schemas.codec import DecodeError, decode, encode
+from embedstream.schemas.events import DeadLetter, DocumentDelete, DocumentRecord, ErrorInfo
 
 log = logs.get("embedstream.replay")
 

@@ -1,7 +1,7 @@
 """Wire formats of embedstream's Kafka topics: versioned pydantic models and their JSON codec."""
 
-from schemas.codec import DecodeError, decode, encode
-from schemas.events import (
+from embedstream.schemas.codec import DecodeError, decode, encode
+from embedstream.schemas.events import (
     CHUNK_TOPIC_ADAPTER,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -19,7 +19,7 @@ from schemas.events import (
     content_hash,
     now_ms,
 )
-from schemas.export import export_json_schemas
+from embedstream.schemas.export import export_json_schemas
 
 __all__ = [
     "CHUNK_TOPIC_ADAPTER",
@@ -44,7 +44,7 @@ __all__ = [
     "now_ms",
 ]
 
-from schemas.rerank import (  # noqa: E402 - appended: rerank and search wire models
+from embedstream.schemas.rerank import (  # noqa: E402 - appended: rerank and search wire models
     RERANK_WIRE_MODELS,
     Candidate,
     RankedResult,

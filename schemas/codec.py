@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from schemas.events import SUPPORTED_SCHEMA_VERSIONS, ErrorInfo
+from embedstream.schemas.events import SUPPORTED_SCHEMA_VERSIONS, ErrorInfo
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")

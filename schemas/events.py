@@ -2,7 +2,7 @@
 
 Every message carries ``schema_version`` (a ``Literal``), so a record written by a newer producer
 fails validation loudly instead of being half-understood. Field names are the JSON keys; other
-languages can produce against the JSON Schemas written by :mod:`schemas.export`.
+languages can produce against the JSON Schemas written by :mod:`embedstream.schemas.export`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Write JSON Schemas of the wire models, for producers and consumers written in other languages.
 
-Shell use: ``python -m schemas.export <directory>``.
+Shell use: ``python -m embedstream.schemas.export <directory>``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schemas.events import CHUNK_TOPIC_ADAPTER, WIRE_MODELS
-from schemas.rerank import RERANK_WIRE_MODELS
+from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, WIRE_MODELS
+from embedstream.schemas.rerank import RERANK_WIRE_MODELS
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -38,7 +38,7 @@ def export_json_schemas(directory: str | Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m schemas.export <directory>", file=sys.stderr)
+        print("usage: python -m embedstream.schemas.export <directory>", file=sys.stderr)
         return 2
     for path in export_json_schemas(args[0]):
         print(path)

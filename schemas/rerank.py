@@ -1,7 +1,7 @@
 """Wire models of the rerank and search topics: rerank candidates, or retrieve -> rerank by query.
 
 Both requests are answered on ``reply_to`` under the same ``request_id`` (request-reply through
-:class:`producers.query_client.QueryClient.request`). A request that decodes but cannot be served
+:class:`embedstream.producers.query_client.QueryClient.request`). A request that decodes but cannot be served
 (no candidates, too many, empty query, unknown model or collection) gets a reply whose ``error`` is
 set; a record that does not decode goes to the dead-letter topic.
 """
@@ -12,7 +12,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.events import ErrorInfo, NonEmptyStr, WireModel
+from embedstream.schemas.events import ErrorInfo, NonEmptyStr, WireModel
 
 FilterScalar = Union[str, int, float, bool]
 

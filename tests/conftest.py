@@ -44,6 +44,22 @@ def tiny_ce_dir(model_dir) -> Path:
     return tiny_models.build_tiny_cross_encoder(model_dir / "tiny-ce")
 
 
+_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test's folder says what it needs: ``unit/`` nothing, ``kafka/`` the local broker, ``slow/`` time
+    (and the broker). The folder adds the markers, so ``-m "not kafka"`` and ``-m "not slow"`` select by it."""
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            folder = Path(item.fspath).relative_to(root).parts[0]
+        except ValueError:
+            continue
+        for mark in _FOLDER_MARKS.get(folder, ()):
+            item.add_marker(getattr(pytest.mark, mark))
+
+
 def make_engine(path: Path, name: str = "m", **cfg) -> Engine:
     """An engine over a local folder with registry overrides (kind, pooling, matryoshka_dims, ...)."""
     settings = EngineSettings(**cfg.pop("engine", {}))
@@ -119,8 +135,8 @@ def read_dead_letters(settings, expected: int, timeout_s: float = 30) -> list:
 
     from kafka import KafkaConsumer, TopicPartition
 
-    from schemas import DeadLetter
-    from schemas.codec import decode
+    from embedstream.schemas import DeadLetter
+    from embedstream.schemas.codec import decode
 
     consumer = KafkaConsumer(**settings.kafka.client_kwargs(), auto_offset_reset="earliest",
                              enable_auto_commit=False, fetch_max_wait_ms=10)

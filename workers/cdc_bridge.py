@@ -27,15 +27,15 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import Settings
-from producers.chunker import Chunker
-from producers.debezium import CdcConfig, CdcError, Change, parse_change
-from producers.publisher import ChunkPublisher, PublishError, ensure_topics
-from producers.sources import Document
-from schemas.events import Lane
-from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, subscribe
-from workers.kafka_io import run_until_signalled as run_until_signalled_generic
-from workers.metrics import CdcMetrics
-from workers.offsets import OffsetTracker
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.debezium import CdcConfig, CdcError, Change, parse_change
+from embedstream.producers.publisher import ChunkPublisher, PublishError, ensure_topics
+from embedstream.producers.sources import Document
+from embedstream.schemas.events import Lane
+from embedstream.workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, subscribe
+from embedstream.workers.kafka_io import run_until_signalled as run_until_signalled_generic
+from embedstream.workers.metrics import CdcMetrics
+from embedstream.workers.offsets import OffsetTracker
 
 log = logs.get("embedstream.cdc")
 

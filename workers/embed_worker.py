@@ -26,14 +26,14 @@ from embedstream.config import Settings
 from embedstream.engine.batcher import take_prefix
 from embedstream.engine.engine import EmbedRequest, Engine, Prepared, StageTimings
 from embedstream.engine.errors import EngineError
-from schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
-from schemas.codec import DecodeError, decode
-from schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
-from workers.batching_window import BatchingWindow
-from workers.kafka_io import WorkerLoop, commit_finished, send_dead_letter, send_reply, subscribe
-from workers.metrics import WorkerMetrics
-from workers.offsets import OffsetTracker
-from workers.sink import EmbeddedChunk, QdrantSink
+from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
+from embedstream.schemas.codec import DecodeError, decode
+from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
+from embedstream.workers.batching_window import BatchingWindow
+from embedstream.workers.kafka_io import WorkerLoop, commit_finished, send_dead_letter, send_reply, subscribe
+from embedstream.workers.metrics import WorkerMetrics
+from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.sink import EmbeddedChunk, QdrantSink
 
 log = logs.get("embedstream.worker")
 

@@ -16,10 +16,10 @@ from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.gcfreeze import freeze_startup_objects
-from schemas import DeadLetter, ErrorInfo
-from schemas.codec import encode
-from workers.health import serve
-from workers.offsets import OffsetTracker
+from embedstream.schemas import DeadLetter, ErrorInfo
+from embedstream.schemas.codec import encode
+from embedstream.workers.health import serve
+from embedstream.workers.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
 

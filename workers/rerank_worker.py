@@ -30,16 +30,16 @@ from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine, ScoreRequest, ScoreResult, StageTimings
 from embedstream.engine.errors import EngineError
-from schemas import ErrorInfo
-from schemas.codec import DecodeError, decode
-from schemas.events import now_ms
-from schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
-from workers import kafka_io
-from workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, send_reply, subscribe
-from workers.batching_window import BatchingWindow
-from workers.metrics import WorkerMetrics
-from workers.offsets import OffsetTracker
-from workers.search import Retrieved, Searcher, SearchError
+from embedstream.schemas import ErrorInfo
+from embedstream.schemas.codec import DecodeError, decode
+from embedstream.schemas.events import now_ms
+from embedstream.schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
+from embedstream.workers import kafka_io
+from embedstream.workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, send_reply, subscribe
+from embedstream.workers.batching_window import BatchingWindow
+from embedstream.workers.metrics import WorkerMetrics
+from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.search import Retrieved, Searcher, SearchError
 
 log = logs.get("embedstream.rerank")
 
@@ -376,12 +376,12 @@ def build_rerank_worker(settings: Settings, model: str, embed_model: str | None 
     engine = engine or Engine.from_name(model, settings)
     searcher = None
     if search:
-        from workers.runtime import open_settings_store
+        from embedstream.workers.runtime import open_settings_store
 
         store = store if store is not None else open_settings_store(settings)
         if remote_embed:
-            from producers.query_client import QueryClient
-            from workers.search import kafka_embedder
+            from embedstream.producers.query_client import QueryClient
+            from embedstream.workers.search import kafka_embedder
 
             embedder: Any = kafka_embedder(QueryClient(settings.kafka), embed_model)
         else:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
 from embedstream.vectorstore.factory import open_store
-from workers.embed_worker import EmbedWorker, WorkerOptions
-from workers.kafka_io import broker_reachable
-from workers.kafka_io import run_until_signalled as run_until_signalled_generic
-from workers.metrics import WorkerMetrics
-from workers.sink import QdrantSink, SinkConfig
+from embedstream.workers.embed_worker import EmbedWorker, WorkerOptions
+from embedstream.workers.kafka_io import broker_reachable
+from embedstream.workers.kafka_io import run_until_signalled as run_until_signalled_generic
+from embedstream.workers.metrics import WorkerMetrics
+from embedstream.workers.sink import QdrantSink, SinkConfig
 
 
 def open_settings_store(settings: Settings):

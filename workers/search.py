@@ -27,9 +27,9 @@ import numpy as np
 from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreResult
 from embedstream.engine.errors import EngineError
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
-from schemas.events import ErrorInfo
-from schemas.rerank import SearchHit, SearchReply, SearchRequest
-from workers.sink import FULL, _stored
+from embedstream.schemas.events import ErrorInfo
+from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
+from embedstream.workers.sink import FULL, _stored
 
 Embedder = Callable[[str], np.ndarray]
 

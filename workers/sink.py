@@ -15,7 +15,7 @@ import numpy as np
 
 from embedstream.engine.model_spec import ModelSpec
 from embedstream.vectorstore.base import Point, VectorSpec, VectorStore
-from schemas import ChunkEvent, DocumentDelete
+from embedstream.schemas import ChunkEvent, DocumentDelete
 
 POINT_NAMESPACE = uuid.UUID("6f1c3a52-5b8e-4d7e-9a57-3f1e0b2c9d10")
 FULL = "full"

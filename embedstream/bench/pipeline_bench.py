@@ -34,9 +34,9 @@ from embedstream.bench.corpus import documents
 from embedstream.config import Settings
 from embedstream.engine.engine import EmbedRequest, Engine
 from embedstream.gcfreeze import freeze_startup_objects
-from producers.chunker import Chunker
-from producers.publisher import ChunkPublisher, ensure_topics
-from producers.query_client import QueryClient
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.query_client import QueryClient
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -201,12 +201,12 @@ class SearchStats:
 def bench_search(reranker: Engine, embed_model: str, threads: int | None, chunks: int, queries: int, top_k: int,
                  top_n: int, store_kind: str = "memory", chunk_tokens: int = 200) -> SearchStats:
     """Index real chunks with the engine, then time Searcher.search in-process, stage by stage."""
-    from producers.chunker import Chunker
-    from schemas import ChunkEvent
-    from schemas.rerank import SearchRequest
+    from embedstream.producers.chunker import Chunker
+    from embedstream.schemas import ChunkEvent
+    from embedstream.schemas.rerank import SearchRequest
     from embedstream.vectorstore.factory import open_store
-    from workers.search import Searcher
-    from workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
+    from embedstream.workers.search import Searcher
+    from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
     settings = Settings()
     settings.engine.threads = threads

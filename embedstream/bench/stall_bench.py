@@ -62,8 +62,8 @@ def _texts(count: int, words: int) -> list[str]:
 def _publish(settings: Settings, texts: list[str]) -> None:
     from kafka import KafkaProducer
 
-    from schemas import ChunkEvent
-    from schemas.codec import encode
+    from embedstream.schemas import ChunkEvent
+    from embedstream.schemas.codec import encode
 
     producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all", linger_ms=20, batch_size=256 * 1024)
     for i, text in enumerate(texts):
@@ -87,8 +87,8 @@ def run_mode(mode: str, engine, bootstrap: str, chunks: int, words: int, warmup_
 
     from embedstream.config import KafkaSettings
     from embedstream.vectorstore.factory import open_store
-    from producers.publisher import ensure_topics
-    from workers.runtime import build_embed_worker
+    from embedstream.producers.publisher import ensure_topics
+    from embedstream.workers.runtime import build_embed_worker
 
     prefix = f"stall-{mode}-{uuid.uuid4().hex[:6]}"
     settings = Settings(kafka=KafkaSettings(

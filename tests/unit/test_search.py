@@ -9,10 +9,10 @@ from conftest import make_engine
 from embedstream.bench.corpus import stdlib_paragraphs
 from embedstream.engine.engine import EmbedRequest
 from embedstream.vectorstore.factory import open_store
-from schemas import ChunkEvent
-from schemas.rerank import SearchRequest
-from workers.search import UINT8_OVERSAMPLING, Searcher, SearchError, SearchPlan
-from workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
+from embedstream.schemas import ChunkEvent
+from embedstream.schemas.rerank import SearchRequest
+from embedstream.workers.search import UINT8_OVERSAMPLING, Searcher, SearchError, SearchPlan
+from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
 N_CHUNKS = 80
 TOPICS = ("io", "net", "text", "misc")
@@ -218,8 +218,8 @@ def test_refusals(embedder, reranker, corpus, query_vector):
 
 
 def test_dequantise_recovers_int8_from_both_stored_forms():
-    from workers.search import _dequantise
-    from workers.sink import _stored
+    from embedstream.workers.search import _dequantise
+    from embedstream.workers.sink import _stored
 
     rng = np.random.default_rng(5)
     for sign in (1, -1):

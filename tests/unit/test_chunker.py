@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from embedstream.config import default_registry
 from embedstream.engine.model_spec import resolve_model
 from embedstream.engine.tokenize import load_tokenizer
-from producers.chunker import Chunker
+from embedstream.producers.chunker import Chunker
 
 _MODULES = ("argparse", "subprocess", "typing", "json", "collections", "unittest", "asyncio", "logging",
             "decimal", "datetime", "pickle", "re", "functools", "pathlib", "threading", "socket", "email", "os")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.batching_window import BatchingWindow
+from embedstream.workers.batching_window import BatchingWindow
 
 
 def test_a_lone_request_after_a_quiet_spell_does_not_wait():

@@ -20,13 +20,13 @@ from pydantic import BaseModel
 from embedstream import devkafka
 from embedstream.config import KafkaSettings, default_registry
 from embedstream.engine.model_spec import resolve_model
-from producers.chunker import Chunker
-from producers.sources import Document
-from schemas import CHUNK_TOPIC_ADAPTER, ChunkEvent, DecodeError, DocumentDelete, QueryReply, QueryRequest, decode, encode
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.sources import Document
+from embedstream.schemas import CHUNK_TOPIC_ADAPTER, ChunkEvent, DecodeError, DocumentDelete, QueryReply, QueryRequest, decode, encode
 
 kafka = pytest.importorskip("kafka")
-from producers.publisher import ChunkPublisher, all_topics, ensure_topics  # noqa: E402
-from producers.query_client import ClientClosedError, QueryClient  # noqa: E402
+from embedstream.producers.publisher import ChunkPublisher, all_topics, ensure_topics  # noqa: E402
+from embedstream.producers.query_client import ClientClosedError, QueryClient  # noqa: E402
 
 pytestmark = [
     pytest.mark.kafka,

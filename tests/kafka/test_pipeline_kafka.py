@@ -14,30 +14,19 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from embedstream.bench.corpus import documents
 from embedstream.engine.engine import EmbedRequest
-from producers.chunker import Chunker
-from producers.publisher import ChunkPublisher, ensure_topics
-from producers.query_client import QueryClient
-from schemas import ChunkEvent, DeadLetter, QueryReply, QueryRequest
-from schemas.codec import decode, encode
-from workers.runtime import build_embed_worker
-from workers.sink import point_id
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.query_client import QueryClient
+from embedstream.schemas import ChunkEvent, DeadLetter, QueryReply, QueryRequest
+from embedstream.schemas.codec import decode, encode
+from embedstream.workers.runtime import build_embed_worker
+from embedstream.workers.sink import point_id
+
+from worker_rig import RunningWorker
 
 pytestmark = pytest.mark.kafka
 
 
-class RunningWorker:
-    def __init__(self, settings, engine, store, lanes=("online", "bulk")):
-        self.worker = build_embed_worker(settings, lanes, store=store, engine=engine)
-        self.thread = threading.Thread(target=self.worker.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self.worker
-
-    def __exit__(self, *exc):
-        self.worker.stop()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the worker did not stop within 60 s"
 
 
 def test_chunks_are_indexed_once_and_queries_answered(kafka_bootstrap, minilm_engine):

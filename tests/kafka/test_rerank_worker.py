@@ -12,14 +12,14 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from embedstream.bench.corpus import stdlib_paragraphs
 from embedstream.vectorstore.factory import open_store
-from producers.publisher import ensure_topics
-from producers.query_client import QueryClient
-from schemas import ChunkEvent, DeadLetter
-from schemas.codec import decode
-from schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
-from workers.rerank_worker import RerankOptions, RerankWorker, broker_reachable
-from workers.search import Searcher
-from workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
+from embedstream.producers.publisher import ensure_topics
+from embedstream.producers.query_client import QueryClient
+from embedstream.schemas import ChunkEvent, DeadLetter
+from embedstream.schemas.codec import decode
+from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
+from embedstream.workers.rerank_worker import RerankOptions, RerankWorker, broker_reachable
+from embedstream.workers.search import Searcher
+from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
 pytestmark = pytest.mark.kafka
 

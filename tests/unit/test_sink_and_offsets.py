@@ -7,9 +7,9 @@ import pytest
 from conftest import make_engine
 
 from embedstream.vectorstore.factory import open_store
-from schemas import ChunkEvent, DocumentDelete
-from workers.offsets import OffsetTracker
-from workers.sink import EmbeddedChunk, QdrantSink, SinkConfig, point_id
+from embedstream.schemas import ChunkEvent, DocumentDelete
+from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig, point_id
 
 
 def _unit(dim: int, seed: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from schemas import (
+from embedstream.schemas import (
     CHUNK_TOPIC_ADAPTER,
     ChunkEvent,
     ChunkTopicEvent,
@@ -23,7 +23,7 @@ from schemas import (
     encode,
     export_json_schemas,
 )
-from schemas.events import WIRE_MODELS
+from embedstream.schemas.events import WIRE_MODELS
 
 
 def _chunk(**overrides: object) -> ChunkEvent:

@@ -7,17 +7,17 @@ import threading
 
 import pytest
 from conftest import isolated_settings, memory_store, wait_for
-from test_pipeline_kafka import RunningWorker
+from worker_rig import RunningWorker
 
 from embedstream.bench.corpus import documents
 from embedstream.engine.engine import EmbedRequest
 from embedstream.vectorstore.base import VectorSpec
 from embedstream.reindex import ReindexError, Reindexer, ReindexPlan
-from producers.chunker import Chunker
-from producers.publisher import ChunkPublisher, ensure_topics
-from producers.replay import StartPosition
-from workers.runtime import sink_config_from
-from workers.sink import point_id
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.replay import StartPosition
+from embedstream.workers.runtime import sink_config_from
+from embedstream.workers.sink import point_id
 
 pytestmark = pytest.mark.kafka
 
@@ -133,7 +133,7 @@ def test_crashed_replay_resumes_and_deleted_documents_stay_deleted(kafka_bootstr
         crashing = _reindexer(settings, store, minilm_engine, "docs_next", 64, crash_after_some_records)
 
         def replay_committing_often(publisher, phase, should_stop, fresh=False):
-            from producers.replay import DocumentReplay
+            from embedstream.producers.replay import DocumentReplay
 
             replay = DocumentReplay(settings.kafka, crashing.group, crashing.plan.start, publisher, crashing.chunker,
                                     commit_every_s=0, poll_records=4)

@@ -11,7 +11,7 @@ from conftest import make_engine
 from embedstream import logs
 from embedstream.config import KafkaSettings, QdrantSettings, Settings
 from embedstream.engine.engine import EmbedRequest, ScoreRequest
-from schemas import ChunkEvent, DecodeError, decode, encode
+from embedstream.schemas import ChunkEvent, DecodeError, decode, encode
 
 
 def test_a_text_over_the_byte_limit_is_refused_before_tokenizing_and_the_rest_is_embedded(tiny_bert_dir):

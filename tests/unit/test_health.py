@@ -7,8 +7,8 @@ import socket
 import urllib.error
 import urllib.request
 
-from workers.health import serve
-from workers.metrics import WorkerMetrics
+from embedstream.workers.health import serve
+from embedstream.workers.metrics import WorkerMetrics
 
 
 def _free_port() -> int:

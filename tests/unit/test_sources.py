@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from producers.sources import Document, DocumentSource, SourceError, iter_documents, parse_document
+from embedstream.producers.sources import Document, DocumentSource, SourceError, iter_documents, parse_document
 
 
 def _jsonl(path, rows: list) -> None:

@@ -1,0 +1,236 @@
+"""CDC bridge, pure parts: Debezium envelope parsing, publish order, the unchanged-chunk check."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+import pytest
+from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from embedstream.vectorstore import CollectionNotFound
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.debezium import CdcConfig, CdcError, Change, from_extended_json, parse_change, unwrap
+from embedstream.producers.publisher import all_topics, ensure_topics
+from embedstream.schemas import ChunkEvent
+from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions, apply_change, truncate_error
+from embedstream.workers.embed_worker import WorkerOptions
+from embedstream.workers.runtime import build_embed_worker
+from embedstream.workers.sink import point_id
+from cdc_events import CONFIG, MONGO, MONGO_SOURCE, OID, SOURCE, envelope, key, raw, row
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["plain", "schema-wrapper"])
+def test_create_with_and_without_schema_wrapper(wrap):
+    change = parse_change(raw(key(7, wrap=wrap)), raw(envelope("c", after=row(7, "Title", "Body"), wrap=wrap)), CONFIG)
+    assert change == Change("c", "7", "Title\n\nBody", {"lang": "en", "cdc_source": "shop.public.articles"},
+                            "shop.public.articles")
+    assert change.is_upsert and not change.is_delete
+
+
+def test_snapshot_read_and_update():
+    read = parse_change(raw(key(1)), raw(envelope("r", after=row(1, "T", "B"))), CONFIG)
+    assert (read.op, read.doc_id, read.text) == ("r", "1", "T\n\nB")
+    update = parse_change(raw(key(1)), raw(envelope("u", before=row(1, "T", "B"), after=row(1, "T", "B2"))), CONFIG)
+    assert (update.op, update.doc_id, update.text, update.previous_doc_id) == ("u", "1", "T\n\nB2", None)
+
+
+def test_update_that_changes_the_id_names_the_previous_one():
+    change = parse_change(raw(key(2)), raw(envelope("u", before=row(1, "T", "B"), after=row(2, "T", "B"))), CONFIG)
+    assert (change.doc_id, change.previous_doc_id) == ("2", "1")
+
+
+def test_missing_null_and_blank_text_fields_are_skipped():
+    after = {"id": "a", "title": None, "body": "only body", "lang": None}
+    change = parse_change(None, raw(envelope("c", after=after)), CONFIG)
+    assert change.text == "only body"
+    assert change.metadata == {"lang": None, "cdc_source": "shop.public.articles"}  # present-but-null metadata is kept
+    assert parse_change(None, raw(envelope("c", after={"id": "a", "title": "  "})), CONFIG).text == ""
+
+
+def test_id_falls_back_to_the_key():
+    after = {"title": "t", "body": "b"}  # id_field not in the row
+    assert parse_change(raw(key(9, wrap=True)), raw(envelope("c", after=after)), CONFIG).doc_id == "9"
+    assert parse_change(raw({"pk": "x-1"}), raw(envelope("c", after=after)), CONFIG).doc_id == "x-1"  # single field
+    assert parse_change(b"plain-text-key", raw(envelope("c", after=after)), CONFIG).doc_id == "plain-text-key"
+
+
+def test_delete_uses_before_then_the_key():
+    assert parse_change(raw(key(3)), raw(envelope("d", before=row(3, "t", "b"))), CONFIG) == \
+        Change("d", "3", source="shop.public.articles")
+    assert parse_change(raw(key(4, wrap=True)), raw(envelope("d", before=None)), CONFIG).doc_id == "4"
+    assert parse_change(raw(key(4)), raw({"op": "d", "source": SOURCE}), CONFIG).doc_id == "4"
+
+
+@pytest.mark.parametrize("value", [None, b"", raw({"schema": None, "payload": None})], ids=["null", "empty", "null-payload"])
+def test_tombstones(value):
+    change = parse_change(raw(key(5, wrap=True)), value, CONFIG)
+    assert change == Change("tombstone", "5") and change.is_delete
+
+
+def test_truncate_is_reported_not_applied():
+    change = parse_change(None, raw({"before": None, "after": None, "source": SOURCE, "op": "t"}), CONFIG)
+    assert change == Change("t", None, source="shop.public.articles")
+    err = truncate_error(change)
+    assert err.code == "truncate_refused" and "shop.public.articles" in err.message
+
+
+def test_mongodb_document_strings_and_keys():
+    doc = {"_id": {"$oid": OID}, "title": "Backups", "content": {"body": "Use mongodump."},
+           "views": {"$numberLong": "1234567890123"}, "tags": ["ops", {"$numberInt": "7"}],
+           "created": {"$date": {"$numberLong": "1700000000000"}}}
+    mongo_key = raw(key(json.dumps({"$oid": OID}), wrap=True))
+    change = parse_change(mongo_key, raw(envelope("c", after=json.dumps(doc), source=MONGO_SOURCE)), MONGO)
+    assert change.doc_id == OID
+    assert change.text == "Backups\n\nUse mongodump."  # dotted path into the nested document
+    assert change.metadata == {"views": 1234567890123, "tags": ["ops", 7], "cdc_source": "kb.guides"}
+    # a delete without before (MongoDB without pre-images) and a tombstone: the id comes from the key
+    delete = parse_change(mongo_key, raw(envelope("d", source=MONGO_SOURCE)), MONGO)
+    assert (delete.op, delete.doc_id) == ("d", OID)
+    assert parse_change(mongo_key, None, MONGO).doc_id == OID
+    assert parse_change(raw({"id": '"guide-1"'}), None, MONGO).doc_id == "guide-1"  # string _id
+    assert parse_change(raw({"id": "42"}), None, MONGO).doc_id == "42"  # numeric _id
+
+
+def test_mongodb_update_without_full_document_is_refused_with_a_hint():
+    value = envelope("u", source=MONGO_SOURCE, patch='{"$set": {"title": "x"}}', filter='{"_id": 1}')
+    del value["after"], value["before"]
+    with pytest.raises(CdcError) as err:
+        parse_change(raw({"id": "1"}), raw({**value, "after": None}), MONGO)
+    assert err.value.code == "missing_after" and "capture.mode" in err.value.message
+
+
+def test_extended_json():
+    assert from_extended_json({"a": [{"$oid": OID}, {"$numberDouble": "1.5"}, {"$numberDecimal": "0.10"}],
+                               "b": {"$uuid": "u"}, "c": {"$binary": {"base64": "AA==", "subType": "00"}}}) == \
+        {"a": [OID, 1.5, "0.10"], "b": "u", "c": {"$binary": {"base64": "AA==", "subType": "00"}}}
+    assert unwrap({"schema": {}, "payload": {"x": 1}}) == {"x": 1}
+    assert unwrap({"schema": {}, "payload": {"x": 1}, "other": 2})["other"] == 2  # not the wrapper
+
+
+BAD = [
+    ("malformed_json", raw(key(1)), b"{not json"),
+    ("malformed_json", raw(key(1)), b"[1, 2]"),
+    ("malformed_json", raw(key(1)), raw(envelope("c", after="{broken", source=MONGO_SOURCE))),
+    ("invalid_envelope", raw(key(1)), raw({"before": None, "after": row(1, "t", "b"), "source": SOURCE})),  # no op
+    ("invalid_envelope", raw(key(1)), raw({"op": "c", "source": SOURCE, "ts_ms": 1})),  # neither before nor after
+    ("invalid_envelope", raw(key(1)), raw(envelope("c", after=[1, 2]))),
+    ("unknown_op", raw(key(1)), raw(envelope("x", after=row(1, "t", "b")))),
+    ("unknown_op", raw(key(1)), raw(envelope("m", after=None))),
+    ("missing_after", raw(key(1)), raw(envelope("u", before=row(1, "t", "b"), after=None))),
+    ("missing_id", None, raw(envelope("c", after={"title": "t", "body": "b"}))),
+    ("missing_id", raw({"a": 1, "b": 2}), raw(envelope("c", after={"title": "t", "body": "b"}))),  # composite key
+    ("missing_id", None, None),  # tombstone without a key
+    ("missing_id", raw(key(1)), raw(envelope("c", after=row("", "t", "b")))),
+    ("invalid_id", raw(key(1)), raw(envelope("c", after=row([1, 2], "t", "b")))),
+    ("invalid_id", raw(key(1)), raw(envelope("c", after=row(True, "t", "b")))),
+    ("non_text_field", raw(key(1)), raw(envelope("c", after=row(1, "t", 42)))),
+    ("non_text_field", raw(key(1)), raw(envelope("r", after=row(1, {"nested": "x"}, "b")))),
+]
+
+
+@pytest.mark.parametrize("code,key_bytes,value", BAD, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(BAD)])
+def test_bad_input_raises_a_typed_error(code, key_bytes, value):
+    with pytest.raises(CdcError) as err:
+        parse_change(key_bytes, value, CONFIG)
+    assert err.value.code == code
+    assert err.value.message and err.value.to_error_info().code == code
+
+
+class RecordingPublisher:
+    """What apply_change asks of a ChunkPublisher, in order."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def publish_chunks(self, document, chunks, trim=True, record=False):
+        self.calls.append(("chunks", document.doc_id, document.text, document.metadata, list(chunks), trim, record))
+        return len(chunks)
+
+    def delete_document(self, doc_id):
+        self.calls.append(("delete", doc_id))
+
+
+def test_apply_change_publishes_in_the_order_the_index_needs():
+    pub = RecordingPublisher()
+    moved = Change("u", "d1", "a b", {"lang": "en"}, previous_doc_id="d0")
+    assert apply_change(pub, moved, ["a", "b"]) == (2, 2)
+    assert pub.calls == [("delete", "d0"), ("chunks", "d1", "a b", {"lang": "en"}, ["a", "b"], True, True)]
+    pub.calls.clear()
+    assert apply_change(pub, Change("tombstone", "d1"), []) == (0, 1)
+    assert apply_change(pub, Change("d", "d2"), []) == (0, 1)
+    assert apply_change(pub, Change("c", "d3", ""), []) == (0, 1)  # no text left: no chunks, the trim removes old ones
+    assert pub.calls == [("delete", "d1"), ("delete", "d2"), ("chunks", "d3", "", {}, [], True, True)]
+
+
+def test_publisher_trims_and_records_for_the_bridge(kafka_free_publisher):
+    """publish_chunks(record=True): documents-log record, chunks, then DocumentDelete(from_chunk=n)."""
+    pub, sent = kafka_free_publisher
+    from embedstream.producers.sources import Document
+
+    pub.publish_chunks(Document("d1", "a\n\nb", {"lang": "en"}), ["a", "b"], trim=True, record=True)
+    pub.delete_document("d1")
+    topics = [topic for topic, _, _ in sent]
+    assert topics == ["docs-log", "lane", "lane", "lane", "lane", "docs-log"]
+    record = json.loads(sent[0][2])
+    assert (record["kind"], record["doc_id"], record["text"]) == ("document", "d1", "a\n\nb")
+    chunks = [json.loads(v) for t, _, v in sent[1:3]]
+    assert [(c["chunk_id"], c["text"], c["metadata"]) for c in chunks] == [(0, "a", {"lang": "en"}), (1, "b", {"lang": "en"})]
+    trim, delete = json.loads(sent[3][2]), json.loads(sent[4][2])
+    assert (trim["kind"], trim["from_chunk"], trim["chunk_ids"]) == ("delete", 2, None)
+    assert (delete["kind"], delete["from_chunk"], delete["chunk_ids"]) == ("delete", None, None)
+    assert sent[5][2] is None and all(k == b"d1" for _, k, _ in sent)  # the tombstone
+
+
+@pytest.fixture
+def kafka_free_publisher(monkeypatch):
+    """A ChunkPublisher whose producer only records what it is asked to send."""
+    import embedstream.producers.publisher as publisher_module
+    from embedstream.config import KafkaSettings
+
+    sent: list[tuple] = []
+
+    class FakeProducer:
+        def __init__(self, **_):
+            pass
+
+        def send(self, topic, key=None, value=None):
+            sent.append((topic, key, value))
+
+            class Future:
+                def add_errback(self, _):
+                    return self
+
+            return Future()
+
+    monkeypatch.setattr(publisher_module, "KafkaProducer", FakeProducer)
+    settings = KafkaSettings(topic_chunks_online="lane", topic_documents="docs-log")
+    return publisher_module.ChunkPublisher(settings, lane="online", create_topics=False), sent
+
+
+def test_cdc_options_refuse_an_unknown_truncate_policy():
+    with pytest.raises(ValueError):
+        CdcOptions("t", CONFIG, on_truncate="delete")  # type: ignore[arg-type]
+
+
+# -- the sink's "unchanged" check --------------------------------------------------------------------
+def test_sink_unchanged_compares_hash_model_and_metadata(minilm_engine):
+    import numpy as np
+
+    from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
+
+    sink = QdrantSink(memory_store(), minilm_engine.spec, minilm_engine.dimensions, "docs", SinkConfig())
+    stored = [ChunkEvent(doc_id="d", chunk_id=i, text=f"text {i}", metadata={"lang": "en"}) for i in range(3)]
+    vector = np.ones(minilm_engine.dimensions, dtype=np.float32) / np.sqrt(minilm_engine.dimensions)
+    sink.upsert([EmbeddedChunk(e, vector, {"offset": 1}) for e in stored])
+    again = [e.model_copy() for e in stored]
+    assert sink.unchanged(again) == [True, True, True]
+    edited = ChunkEvent(doc_id="d", chunk_id=1, text="text 1 edited", metadata={"lang": "en"})
+    relabelled = ChunkEvent(doc_id="d", chunk_id=2, text="text 2", metadata={"lang": "de"})
+    fresh = ChunkEvent(doc_id="d", chunk_id=3, text="text 3", metadata={"lang": "en"})
+    assert sink.unchanged([stored[0], edited, relabelled, fresh]) == [True, False, False, False]
+    # in one list, a chunk changed earlier in the list no longer matches the store: A -> B -> A must embed both
+    assert sink.unchanged([edited, stored[1]]) == [False, False]
+    assert sink.unchanged([stored[1], stored[1]]) == [True, True]
