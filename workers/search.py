@@ -29,7 +29,7 @@ from embedstream.engine.errors import EngineError
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
 from embedstream.schemas.events import ErrorInfo
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
-from embedstream.workers.sink import FULL, _stored
+from embedstream.vectors import FULL, l2_normalize, matryoshka_cut, parse_mrl_name, query_form, uint8_decode
 
 Embedder = Callable[[str], np.ndarray]
 
@@ -98,7 +98,8 @@ class SearchPlan:
                 "unsupported_collection",
                 f"collection {collection!r} has no {FULL!r} vector (vectors: {sorted(specs)}); it was not written by the sink",
             )
-        mrl = sorted((s.size, n) for n, s in specs.items() if n.startswith("mrl_") and s.size < specs[FULL].size)
+        mrl = sorted((s.size, n) for n, s in specs.items()
+                     if parse_mrl_name(n) is not None and s.size < specs[FULL].size)
         full = specs[FULL]
         return cls(full, mrl[0][1] if mrl else None, mrl[0][0] if mrl else None, full.datatype == "uint8",
                    full.quantization is not None)
@@ -122,39 +123,6 @@ class Retrieved:
     hits: list[Hit]
     scores: list[float]  # vector scores, aligned with hits (rescored where the plan says so)
     timings_ms: dict[str, float] = field(default_factory=dict)
-
-
-def _query_form(vector: np.ndarray, spec: VectorSpec) -> np.ndarray:
-    """The query as the store compares it: floats, or int8 shifted by 128 for uint8 storage."""
-    if spec.datatype == "uint8":
-        values, _ = _stored(vector, "uint8")
-        return np.asarray(values, dtype=np.float32)
-    return vector
-
-
-def _dequantise(stored: np.ndarray) -> np.ndarray:
-    """int8 values (scale-free: cosine only needs the direction) of a stored uint8 vector.
-
-    A Qdrant server and qdrant-edge return the integers 0..255; qdrant-client's local mode returns
-    them L2-normalised. The sink maps the largest magnitude to +-127, so the integers reach 255 or 1,
-    which fixes the lost norm: of the two candidate norms, the one giving whole numbers wins.
-    """
-    if stored.size and stored.min() >= 0 and stored.max() > 1.5 and np.all(stored == np.round(stored)):
-        return stored - 128.0
-    best, best_err = stored * 0, float("inf")
-    for norm in (255.0 / stored.max() if stored.max() > 0 else 0.0, 1.0 / stored.min() if stored.min() > 0 else 0.0):
-        if norm <= 0:
-            continue
-        ints = stored * norm
-        err = float(np.mean(np.abs(ints - np.round(ints))))
-        if err < best_err:
-            best, best_err = np.round(ints), err
-    return best - 128.0
-
-
-def _cut(vector: np.ndarray, size: int) -> np.ndarray:
-    cut = vector[:size]
-    return cut / max(float(np.linalg.norm(cut)), 1e-12)
 
 
 #: uint8 candidates per result before rescoring on the dequantised vectors: `bench quality` finds
@@ -219,7 +187,7 @@ class Searcher:
                 f"the query embedder returns {query.shape[-1]}-d vectors, collection {collection!r} holds "
                 f"{plan.full.size}-d ones (another model wrote it)",
             )
-        query = query / max(float(np.linalg.norm(query)), 1e-12)
+        query = l2_normalize(query)
         hits, scores = self._search(collection, plan, query, request.top_k, dict(request.filters) or None)
         done = time.perf_counter()
         return Retrieved(collection, hits, scores, {"embed": (embedded - start) * 1000, "search": (done - embedded) * 1000})
@@ -229,10 +197,10 @@ class Searcher:
         wide = top_k * (max(self.rescore_factor, UINT8_OVERSAMPLING) if plan.uint8 else self.rescore_factor)
         prefetch = None
         if plan.prefetch_name:
-            small = _query_form(_cut(query, plan.prefetch_size), plan.full)  # same datatype as full
+            small = query_form(matryoshka_cut(query, plan.prefetch_size), plan.full.datatype)  # same datatype as full
             prefetch = [Prefetch(plan.prefetch_name, small, wide)]
         limit = wide if plan.uint8 else top_k
-        hits = self.store.search(collection, FULL, _query_form(query, plan.full), limit, filter=filters,
+        hits = self.store.search(collection, FULL, query_form(query, plan.full.datatype), limit, filter=filters,
                                  prefetch=prefetch)
         if plan.uint8 and hits:
             return self._rescore_uint8(collection, hits, query, top_k)
@@ -253,9 +221,7 @@ class Searcher:
             if stored is None:  # vector not retrievable: keep the store's score
                 rescored.append((hit.score, i))
                 continue
-            values = _dequantise(np.asarray(stored, dtype=np.float64))
-            norm = float(np.linalg.norm(values))
-            rescored.append((float(values @ query) / norm if norm > 0 else 0.0, i))
+            rescored.append((float(l2_normalize(uint8_decode(stored)) @ query), i))
         rescored.sort(key=lambda pair: (-pair[0], pair[1]))
         top = rescored[:top_k]
         return [hits[i] for _, i in top], [s for s, _ in top]

@@ -4,30 +4,21 @@ Point ids are UUIDv5 of (doc_id, chunk_id), so a redelivered or re-produced chun
 itself instead of adding a point. Named vectors: "full" plus one "mrl_<d>" per configured
 Matryoshka size. Storage forms: float32, float16, uint8 (int8 shifted by 128, per-point scale kept
 in the payload), or float32 with Qdrant's own scalar/binary quantization (rescored at search).
+Ids, names and codecs are the layout's (:mod:`embedstream.vectors`), shared with the searcher.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from embedstream.engine.model_spec import ModelSpec
-from embedstream.vectorstore.base import Point, VectorSpec, VectorStore
 from embedstream.schemas import ChunkEvent, DocumentDelete
+from embedstream.vectors import FULL, is_layout_key, mrl_name, named_vectors, point_id
+from embedstream.vectorstore.base import Point, VectorSpec, VectorStore
 
-POINT_NAMESPACE = uuid.UUID("6f1c3a52-5b8e-4d7e-9a57-3f1e0b2c9d10")
-FULL = "full"
-
-
-def point_id(doc_id: str, chunk_id: int) -> str:
-    """Deterministic id: the same chunk always lands on the same point."""
-    return str(uuid.uuid5(POINT_NAMESPACE, f"{doc_id}\x1f{chunk_id}"))
-
-
-def vector_name(dims: int) -> str:
-    return f"mrl_{dims}"
+__all__ = ["EmbeddedChunk", "QdrantSink", "SinkConfig", "collection_vectors", "point_id"]
 
 
 @dataclass
@@ -54,18 +45,8 @@ def collection_vectors(spec: ModelSpec, hidden: int, config: SinkConfig) -> dict
     for d in config.matryoshka_dims:
         if d not in spec.matryoshka_dims:
             raise ValueError(f"Matryoshka size {d} is not trained for model {spec.name!r} ({list(spec.matryoshka_dims)})")
-        vectors[vector_name(d)] = VectorSpec(d, "cosine", config.datatype, quant)
+        vectors[mrl_name(d)] = VectorSpec(d, "cosine", config.datatype, quant)
     return vectors
-
-
-def _stored(vector: np.ndarray, datatype: str) -> tuple[list, float | None]:
-    if datatype == "uint8":
-        peak = float(np.max(np.abs(vector)))
-        scale = peak / 127.0 if peak > 0 else 1.0
-        return (np.clip(np.rint(vector / scale), -127, 127).astype(np.int16) + 128).tolist(), scale
-    if datatype == "float16":
-        return vector.astype(np.float16).astype(np.float32).tolist(), None
-    return vector.astype(np.float32).tolist(), None
 
 
 # Payload keys the sink writes itself; the rest of a payload is the event's metadata.
@@ -73,7 +54,7 @@ _SINK_KEYS = frozenset({"doc_id", "chunk_id", "content_hash", "text", "model", "
 
 
 def _user_metadata(payload: dict) -> dict:
-    return {k: v for k, v in payload.items() if k not in _SINK_KEYS and not k.startswith("_scale")}
+    return {k: v for k, v in payload.items() if k not in _SINK_KEYS and not is_layout_key(k)}
 
 
 def _stored_fingerprint(payload: dict) -> tuple:
@@ -111,17 +92,8 @@ class QdrantSink:
 
     def to_point(self, item: EmbeddedChunk) -> Point:
         ev = item.event
-        vectors: dict[str, list] = {}
-        payload = dict(ev.metadata)
-        full, scale = _stored(item.vector, self.config.datatype)
-        vectors[FULL] = full
-        if scale is not None:
-            payload["_scale"] = scale
-        for d in self.config.matryoshka_dims:
-            cut = item.vector[:d] / max(float(np.linalg.norm(item.vector[:d])), 1e-12)
-            vectors[vector_name(d)], cut_scale = _stored(cut, self.config.datatype)
-            if cut_scale is not None:
-                payload[f"_scale_{d}"] = cut_scale
+        vectors, scales = named_vectors(item.vector, self.config.matryoshka_dims, self.config.datatype)
+        payload = {**ev.metadata, **scales}
         payload.update(
             doc_id=ev.doc_id, chunk_id=ev.chunk_id, content_hash=ev.content_hash, text=ev.text,
             model=self.spec.name, source=item.source,

@@ -218,8 +218,8 @@ def test_refusals(embedder, reranker, corpus, query_vector):
 
 
 def test_dequantise_recovers_int8_from_both_stored_forms():
-    from embedstream.workers.search import _dequantise
-    from embedstream.workers.sink import _stored
+    from embedstream.vectors import stored_form as _stored
+    from embedstream.vectors import uint8_decode as _dequantise
 
     rng = np.random.default_rng(5)
     for sign in (1, -1):

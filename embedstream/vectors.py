@@ -1,0 +1,145 @@
+"""The stored vector layout, in one place: point ids, vector names, codecs and normalisation.
+
+Everything that writes vectors (the engine's output, the Qdrant sink) or reads them back (the
+searcher) goes through these functions, so a point written by one version is read the same way by
+every other part:
+
+* **point id**: UUIDv5 of ``doc_id`` and ``chunk_id`` in a fixed namespace, so a redelivered chunk
+  overwrites its own point;
+* **named vectors**: ``full`` (the model's whole output) and ``mrl_<d>`` per Matryoshka size, the
+  first ``d`` components renormalised;
+* **int8**: symmetric, one scale per vector (``value ~= code * scale``, peak magnitude -> 127);
+* **uint8 storage**: the int8 codes shifted by 128 (Qdrant's uint8 datatype holds 0..255), the scale
+  in the payload as ``_scale`` (``_scale_<d>`` for ``mrl_<d>``);
+* **L2 normalisation**: :func:`l2_normalize`, the one implementation.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import numpy as np
+
+POINT_NAMESPACE = uuid.UUID("6f1c3a52-5b8e-4d7e-9a57-3f1e0b2c9d10")
+FULL = "full"
+SCALE_KEY = "_scale"
+STORAGE_DATATYPES = ("float32", "float16", "uint8")
+
+_MRL_NAME = re.compile(r"^mrl_([1-9][0-9]*)$")
+_NORM_FLOOR = 1e-12  # as torch.nn.functional.normalize: a zero vector stays zero instead of NaN
+_UINT8_SHIFT = 128
+
+
+def point_id(doc_id: str, chunk_id: int) -> str:
+    """Deterministic id: the same chunk always lands on the same point."""
+    return str(uuid.uuid5(POINT_NAMESPACE, f"{doc_id}\x1f{chunk_id}"))
+
+
+# -- names ------------------------------------------------------------------------------------
+def mrl_name(dims: int) -> str:
+    """The named vector holding the first ``dims`` components."""
+    return f"mrl_{int(dims)}"
+
+
+def parse_mrl_name(name: str) -> int | None:
+    """``dims`` of an ``mrl_<dims>`` name; None for any other name (``full`` included)."""
+    match = _MRL_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def scale_key(name: str) -> str:
+    """Payload key of a uint8 vector's scale: ``_scale`` for ``full``, ``_scale_<d>`` for ``mrl_<d>``."""
+    dims = parse_mrl_name(name)
+    return SCALE_KEY if dims is None else f"{SCALE_KEY}_{dims}"
+
+
+def is_layout_key(key: str) -> bool:
+    """Payload keys the layout writes itself (scales), as opposed to a producer's metadata."""
+    return key.startswith(SCALE_KEY)
+
+
+# -- normalisation and Matryoshka ---------------------------------------------------------------
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Unit length along the last axis (one vector or a matrix of rows); zero stays zero."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, _NORM_FLOOR)
+
+
+def matryoshka_cut(vector: np.ndarray, dims: int | None, normalize: bool = True) -> np.ndarray:
+    """The first ``dims`` components (renormalised unless asked not to); the vector itself when
+    ``dims`` is None or not smaller than it."""
+    if dims is None or dims >= vector.shape[-1]:
+        return vector
+    cut = vector[..., :dims]
+    return l2_normalize(cut) if normalize else cut
+
+
+# -- int8 and uint8 -----------------------------------------------------------------------------
+def int8_encode(vector: np.ndarray) -> tuple[np.ndarray, float]:
+    """Symmetric int8 codes with one scale: the largest magnitude maps to +-127."""
+    peak = float(np.max(np.abs(vector))) if vector.size else 0.0
+    scale = peak / 127.0 if peak > 0 else 1.0
+    return np.clip(np.rint(vector / scale), -127, 127).astype(np.int8), scale
+
+
+def int8_decode(codes: np.ndarray, scale: float | None) -> np.ndarray:
+    return codes.astype(np.float32) * float(scale or 1.0)
+
+
+def uint8_encode(vector: np.ndarray) -> tuple[np.ndarray, float]:
+    """The int8 codes shifted into 0..255 (as float32, what the stores take) and their scale."""
+    codes, scale = int8_encode(vector)
+    return codes.astype(np.float32) + _UINT8_SHIFT, scale
+
+
+def uint8_decode(stored: np.ndarray) -> np.ndarray:
+    """The int8 codes (scale-free: cosine only needs the direction) of a stored uint8 vector.
+
+    A Qdrant server and qdrant-edge return the integers 0..255; qdrant-client's local mode returns
+    them L2-normalised. :func:`int8_encode` maps the largest magnitude to +-127, so the integers
+    reach 255 or 1, which fixes the lost norm: of the two candidate norms, the one giving whole
+    numbers wins.
+    """
+    stored = np.asarray(stored, dtype=np.float64)
+    if stored.size and stored.min() >= 0 and stored.max() > 1.5 and np.all(stored == np.round(stored)):
+        return stored - _UINT8_SHIFT
+    best, best_err = stored * 0, float("inf")
+    for norm in (255.0 / stored.max() if stored.max() > 0 else 0.0, 1.0 / stored.min() if stored.min() > 0 else 0.0):
+        if norm <= 0:
+            continue
+        ints = stored * norm
+        err = float(np.mean(np.abs(ints - np.round(ints))))
+        if err < best_err:
+            best, best_err = np.round(ints), err
+    return best - _UINT8_SHIFT
+
+
+# -- storage forms ------------------------------------------------------------------------------
+def stored_form(vector: np.ndarray, datatype: str) -> tuple[np.ndarray, float | None]:
+    """A vector as a collection of ``datatype`` stores it, with the uint8 scale (None otherwise)."""
+    if datatype == "uint8":
+        return uint8_encode(vector)
+    if datatype == "float16":
+        return vector.astype(np.float16).astype(np.float32), None
+    if datatype == "float32":
+        return vector.astype(np.float32), None
+    raise ValueError(f"unknown storage datatype {datatype!r}; expected one of {', '.join(STORAGE_DATATYPES)}")
+
+
+def query_form(vector: np.ndarray, datatype: str) -> np.ndarray:
+    """A query as the store compares it with ``datatype`` vectors (shifted int8 for uint8)."""
+    return stored_form(vector, datatype)[0] if datatype == "uint8" else vector
+
+
+def named_vectors(full: np.ndarray, matryoshka_dims: tuple[int, ...], datatype: str) -> tuple[dict[str, list], dict[str, float]]:
+    """A point's vectors (``full`` and one ``mrl_<d>`` per size) in storage form, and the payload
+    entries the form needs (uint8 scales)."""
+    vectors: dict[str, list] = {}
+    scales: dict[str, float] = {}
+    for name, vector in ((FULL, full), *((mrl_name(d), matryoshka_cut(full, d)) for d in matryoshka_dims)):
+        values, scale = stored_form(vector, datatype)
+        vectors[name] = values.tolist()
+        if scale is not None:
+            scales[scale_key(name)] = scale
+    return vectors, scales
