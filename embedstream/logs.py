@@ -1,4 +1,9 @@
-"""structlog set-up: JSON lines when stderr is not a terminal (production), pretty when it is."""
+"""The one logging set-up: structlog, JSON lines when stderr is not a terminal (production), pretty when it is.
+
+Our code logs through structlog (:func:`get`). Libraries log through the standard library (kafka-python,
+httpx under qdrant-client, uvicorn); :func:`configure` routes those records through the same processors
+and renderer, so a worker's stderr is one stream of one format, with credentials redacted either way.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,12 @@ import sys
 import structlog
 
 _SECRET_KEYS = ("password", "api_key", "apikey", "secret", "credential", "auth_token", "access_token")
+
+#: Libraries whose INFO lines are per-connection chatter (kafka-python logs every broker connect,
+#: metadata refresh and version probe): shown from WARNING unless the configured level is lower.
+_CHATTY_LIBRARIES = ("kafka", "httpx", "httpcore")
+
+_handler: logging.Handler | None = None  # ours on the root logger, replaced on every configure()
 
 
 def _redact(_, __, event_dict: dict) -> dict:
@@ -29,24 +40,64 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
+class _NamedPrintLogger(structlog.PrintLogger):
+    """structlog's fast print logger, carrying the name it was asked for (``add_logger_name`` reads it)."""
+
+    def __init__(self, name: str):
+        super().__init__(_CurrentStderr())
+        self.name = name
+
+
+def _named_print_logger(*args: str) -> _NamedPrintLogger:
+    return _NamedPrintLogger(args[0] if args else "")
+
+
+def _common_processors() -> list:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+
+
+def _renderers(json: bool) -> list:
+    if json:  # tracebacks as text in the line; the console renderer formats exc_info itself
+        return [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    # plain tracebacks: rich's default one prints every frame's locals, credentials included
+    return [structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)]
+
+
 def configure(json: bool | None = None, level: str = "INFO") -> None:
+    """Set up structlog and route the standard library's records through the same renderer.
+
+    Idempotent: a second call replaces the first one's handler (commands and tests call it again)."""
+    global _handler
     json = (not sys.stderr.isatty()) if json is None else json
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    threshold = getattr(logging, level.upper(), logging.INFO)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _redact,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
+        processors=[*_common_processors(), structlog.stdlib.add_logger_name, _redact, *_renderers(json)],
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        logger_factory=_named_print_logger,
         cache_logger_on_first_use=False,
     )
+    handler = logging.StreamHandler(_CurrentStderr())
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*_common_processors(), structlog.stdlib.add_logger_name,
+                           structlog.stdlib.ExtraAdder(), _redact],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_renderers(json)],
+    ))
+    root = logging.getLogger()
+    if _handler is not None:
+        root.removeHandler(_handler)
+    root.addHandler(handler)
+    root.setLevel(threshold)
+    _handler = handler
+    for name in _CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(max(threshold, logging.WARNING))
 
 
 def get(name: str):
+    """A structlog logger whose lines carry ``logger=name``, like the standard library's records."""
     return structlog.get_logger(name)
 
 

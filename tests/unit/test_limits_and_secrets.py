@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 import pytest
 from conftest import make_engine
@@ -52,3 +53,32 @@ def test_secrets_never_reach_logs_or_reprs(capsys):
     line = json.loads(out.strip().splitlines()[-1])
     assert line["api_key"] == "***" and line["sasl_password"] == "***"
     assert "hunter2" not in out
+
+
+def test_library_logs_take_the_same_road_and_are_redacted_too(capsys):
+    """kafka-python and friends log through the standard library: same JSON renderer, same redaction."""
+    logs.configure(json=True)
+    logging.getLogger("kafka.conn").warning("broker %s unreachable", "127.0.0.1:1",
+                                            extra={"sasl_plain_password": "kafka-hunter2"})
+    logging.getLogger("kafka.conn").info("connecting")  # library chatter below WARNING stays out
+    out = capsys.readouterr().err
+    lines = [json.loads(raw) for raw in out.strip().splitlines()]
+    assert len(lines) == 1, out
+    line = lines[0]
+    assert line["event"] == "broker 127.0.0.1:1 unreachable"
+    assert line["level"] == "warning" and line["logger"] == "kafka.conn" and "timestamp" in line
+    assert line["sasl_plain_password"] == "***" and "hunter2" not in out
+
+
+def test_configure_twice_writes_each_library_line_once(capsys):
+    logs.configure(json=True)
+    logs.configure(json=True)
+    logging.getLogger("embedstream.test").error("once")
+    assert [json.loads(raw)["event"] for raw in capsys.readouterr().err.strip().splitlines()] == ["once"]
+
+
+def test_our_loggers_name_themselves_like_library_records(capsys):
+    logs.configure(json=True)
+    logs.get("embedstream.publisher").warning("flush slow", topic="t")
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert line["logger"] == "embedstream.publisher" and line["topic"] == "t" and line["level"] == "warning"
