@@ -222,6 +222,20 @@ class QueryClient:
         with self._lock:
             return self._pending.pop(request_id, None)
 
+    def cancel(self, request_id: str) -> bool:
+        """Stop waiting for a request's reply (its caller gave up); a late reply is then skipped.
+
+        Returns whether it was still pending. Without it an abandoned request is reaped only after
+        its timeout, which an HTTP gateway answering 504 early would otherwise hold open."""
+        pending = self._forget(request_id)
+        if pending is not None:
+            pending.future.cancel()
+        return pending is not None
+
+    def healthy(self) -> bool:
+        """Open, and its reply reader still running (a dead reader fails every request)."""
+        return not self._closed.is_set() and self._failure is None and self._reader.is_alive()
+
     # ------------------------------------------------------------------ reply reader
 
     def _read_replies(self) -> None:

@@ -1,0 +1,83 @@
+"""Async request-reply over the online topics, for the event loop of the HTTP server.
+
+kafka-python is synchronous, so sending happens on a small thread pool (``send`` can block on
+topic metadata or a full buffer) and the replies arrive on the ``QueryClient``'s one reply
+reader thread, whose concurrent futures are awaited here as asyncio futures. No consumer is
+created per request, and the event loop never blocks on Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from embedstream.gateway.errors import ApiError
+from embedstream.gateway.overload import Admission
+from embedstream.producers.query_client import ClientClosedError, QueryClient
+
+R = TypeVar("R", bound=BaseModel)
+
+
+class KafkaLanes:
+    """Publishes request events and awaits their replies, within the request's deadline."""
+
+    def __init__(self, client: QueryClient, admission: Admission, send_threads: int = 2):
+        self.client = client
+        self.admission = admission
+        self._sender = ThreadPoolExecutor(max_workers=send_threads, thread_name_prefix="gateway-send")
+
+    @property
+    def reply_topic(self) -> str:
+        return self.client.reply_topic
+
+    async def call(self, lane: str, topic: str, requests: list[BaseModel], reply_model: type[R],
+                   deadline: float) -> list[R]:
+        """Send every request, return the replies in order; 429 / 503 / 504 as ``ApiError``.
+
+        ``deadline`` is a ``time.monotonic()`` instant; the events carry the same instant as epoch ms."""
+        self.admission.enter(lane, len(requests))
+        try:
+            timeout_s = max(0.001, deadline - time.monotonic())
+            loop = asyncio.get_running_loop()
+            futures = await loop.run_in_executor(self._sender, self._submit_all, topic, requests, reply_model, timeout_s)
+            try:
+                return await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
+                                              max(0.001, deadline - time.monotonic()))
+            except (TimeoutError, asyncio.TimeoutError):
+                raise ApiError(504, "deadline_exceeded", f"no reply from the {lane} workers before the deadline "
+                               f"({timeout_s:.3g} s); are workers consuming {topic!r}?") from None
+            except (ClientClosedError, RuntimeError) as exc:
+                raise ApiError(503, "kafka_unavailable", str(exc)) from None
+            finally:
+                for request in requests:
+                    self.client.cancel(request.request_id)  # type: ignore[attr-defined]
+        finally:
+            self.admission.leave(lane, len(requests))
+
+    def _submit_all(self, topic: str, requests: list[BaseModel], reply_model: type[R], timeout_s: float) -> list[Future]:
+        futures: list[Future] = []
+        try:
+            for request in requests:
+                futures.append(self.client.submit(topic, request, reply_model, timeout_s=timeout_s))
+        except ClientClosedError as exc:
+            self._abandon(requests[: len(futures)])
+            raise ApiError(503, "kafka_unavailable", str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a send refused by the producer (metadata, buffer)
+            self._abandon(requests[: len(futures)])
+            raise ApiError(503, "kafka_unavailable", f"could not publish to {topic!r}: {exc}") from None
+        return futures
+
+    def _abandon(self, sent: list[BaseModel]) -> None:
+        for request in sent:
+            self.client.cancel(request.request_id)  # type: ignore[attr-defined]
+
+    def healthy(self) -> bool:
+        return self.client.healthy()
+
+    def close(self) -> None:
+        self._sender.shutdown(wait=False, cancel_futures=True)
+        self.client.close()

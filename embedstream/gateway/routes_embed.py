@@ -1,0 +1,79 @@
+"""Embedding routes in the three shapes clients speak: OpenAI, TEI and Cohere v2."""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from embedstream.gateway import formats
+from embedstream.gateway.bodies import CohereEmbed, OpenAIEmbeddings, TeiEmbed, read_json, validate
+from embedstream.gateway.errors import ApiError
+from embedstream.gateway.responses import timing_headers
+from embedstream.gateway.service import EmbedAsk, Embedded, Gateway
+
+_COHERE_PROMPTS = {"search_query": "query", "search_document": "document"}
+
+
+def _respond(body, done: Embedded, texts: list[str]) -> JSONResponse:
+    headers = timing_headers(done.timings_ms, sum(done.tokens), sum(len(t) for t in texts))
+    return JSONResponse(body, headers=headers)
+
+
+async def openai_embeddings(gateway: Gateway, request: Request) -> JSONResponse:
+    """OpenAI ``/v1/embeddings``: floats or base64 little-endian float32; ``usage`` in tokens."""
+    deadline = gateway.deadline(request.headers)
+    body = validate(OpenAIEmbeddings, await read_json(request, gateway.options.max_body_bytes))
+    model = gateway.check_model(body.model)
+    raw = body.input
+    if isinstance(raw, str):
+        texts = [raw]
+    elif raw and all(isinstance(x, int) for x in raw):
+        texts = gateway.decode_token_ids([raw])  # one input given as token ids
+    elif raw and all(isinstance(x, list) for x in raw):
+        texts = gateway.decode_token_ids(raw)
+    else:
+        texts = list(raw)
+    done = await gateway.embed(EmbedAsk(texts, dimensions=body.dimensions), deadline)
+    encode = formats.float_base64 if body.encoding_format == "base64" else (lambda v: v.tolist())
+    tokens = sum(done.tokens)
+    out = {"object": "list", "model": model,
+           "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(done.vectors)],
+           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return _respond(out, done, texts)
+
+
+async def tei_embed(gateway: Gateway, request: Request) -> JSONResponse:
+    """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
+    deadline = gateway.deadline(request.headers)
+    body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    if body.prompt_name not in (None, "query", "document"):
+        raise ApiError(422, "unknown_prompt", f"prompt_name {body.prompt_name!r} is not a prompt of "
+                       f"{gateway.spec.name!r} (query, document)", param="prompt_name")
+    if body.truncate and body.truncation_direction.lower() == "left":
+        raise ApiError(422, "truncate_unsupported", "only right truncation is done", param="truncation_direction")
+    ask = EmbedAsk(texts, body.dimensions, body.prompt_name, body.truncate, body.normalize)  # type: ignore[arg-type]
+    done = await gateway.embed(ask, deadline, what="inputs")
+    return _respond(done.vectors.tolist(), done, texts)
+
+
+async def cohere_embed(gateway: Gateway, request: Request) -> JSONResponse:
+    """Cohere ``/v2/embed``: every asked embedding type from one float vector per text."""
+    deadline = gateway.deadline(request.headers)
+    body = validate(CohereEmbed, await read_json(request, gateway.options.max_body_bytes))
+    gateway.check_model(body.model)
+    if body.images:
+        raise ApiError(422, "images_unsupported", f"{gateway.spec.name!r} embeds text only", param="images")
+    if body.truncate == "START":
+        raise ApiError(422, "truncate_unsupported", "only END truncation is done", param="truncate")
+    truncate = None if body.truncate is None else body.truncate == "END"
+    texts = body.texts or []
+    prompt = _COHERE_PROMPTS.get(body.input_type or "")
+    done = await gateway.embed(EmbedAsk(texts, body.output_dimension, prompt, truncate), deadline, what="texts")  # type: ignore[arg-type]
+    kinds = list(dict.fromkeys(body.embedding_types or ["float"]))
+    out = {"id": uuid.uuid4().hex, "response_type": "embeddings_by_type",
+           "embeddings": {kind: formats.encode_as(done.vectors, kind) for kind in kinds}, "texts": texts,
+           "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": sum(done.tokens)}}}
+    return _respond(out, done, texts)

@@ -1,0 +1,219 @@
+"""The gateway's core, independent of any API dialect: checks, events out, replies in.
+
+One embed input becomes one ``QueryRequest`` (the online embed lane batches them with everyone
+else's); a rerank becomes one ``RerankRequest`` and a search one ``SearchRequest``. Checks that need
+no model (counts, bytes, model names, Matryoshka sizes) are answered here, without a round trip.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import ValidationError
+
+from embedstream.config import Settings
+from embedstream.engine import postprocess
+from embedstream.engine.errors import EngineError
+from embedstream.engine.model_spec import ModelSpec, output_dimensions
+from embedstream.gateway.bodies import invalid
+from embedstream.gateway.config import GatewayOptions
+from embedstream.gateway.errors import ApiError
+from embedstream.gateway.lanes import KafkaLanes
+from embedstream.schemas.events import PromptKind, QueryReply, QueryRequest, now_ms
+from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
+
+TIMEOUT_HEADERS = ("x-request-timeout", "request-timeout", "x-stainless-read-timeout")
+"""Client timeouts in seconds, in order of preference; the openai SDK sends the last one on every call."""
+
+
+@dataclass
+class EmbedAsk:
+    """What a client asked for, in the gateway's terms (``None``: as the model was configured)."""
+
+    texts: list[str]
+    dimensions: int | None = None
+    prompt: PromptKind | None = None
+    truncate: bool | None = None
+    normalize: bool | None = None
+
+
+@dataclass
+class Embedded:
+    vectors: np.ndarray  # float32 [n, dims], in input order
+    tokens: list[int]
+    timings_ms: dict[str, float] = field(default_factory=dict)  # per stage, the slowest input's
+
+
+def slowest(timings: list[dict[str, float]]) -> dict[str, float]:
+    """Per-stage maximum over the replies of one HTTP request: the stage times its client waited."""
+    out: dict[str, float] = {}
+    for t in timings:
+        for key, value in t.items():
+            out[key] = max(out.get(key, 0.0), float(value))
+    return out
+
+
+class Gateway:
+    def __init__(self, settings: Settings, options: GatewayOptions, spec: ModelSpec, rerank_spec: ModelSpec | None = None,
+                 lanes: KafkaLanes | None = None):
+        self.settings, self.options, self.lanes = settings, options, lanes
+        self.spec, self.rerank_spec = spec, rerank_spec
+        self.dimensions = output_dimensions(spec)
+        self._tokenizer = None
+
+    # -- checks ---------------------------------------------------------------------------------
+    def check_model(self, name: str | None, kind: str = "embed") -> str:
+        spec = self.spec if kind == "embed" else self.rerank_spec
+        if spec is None:
+            raise ApiError(424, "rerank_unavailable", "this gateway has no reranker configured (--rerank-model)")
+        if name is not None and name != spec.name:
+            raise ApiError(404, "model_not_found", f"the model {name!r} does not exist here; this gateway serves "
+                           f"{spec.name!r}", param="model")
+        return spec.name
+
+    def deadline(self, headers) -> float:
+        """The client's timeout (or the default), capped, as a monotonic instant."""
+        timeout = self.options.default_timeout_s
+        for name in TIMEOUT_HEADERS:
+            value = headers.get(name)
+            if value:
+                try:
+                    timeout = float(value)
+                except ValueError:
+                    raise ApiError(422, "invalid_request", f"header {name} must be seconds, got {value!r}") from None
+                break
+        if not timeout > 0:
+            raise ApiError(422, "invalid_request", "the request timeout must be positive")
+        return time.monotonic() + min(timeout, self.options.max_timeout_s)
+
+    def _check_texts(self, texts: list[str], what: str) -> None:
+        if not texts:
+            raise ApiError(422, "empty_input", f"{what} must not be empty", param=what)
+        if len(texts) > self.options.max_inputs:
+            raise ApiError(413, "too_many_inputs", f"{what} has {len(texts)} items, over the limit of "
+                           f"{self.options.max_inputs} per request", param=what)
+        limit = self.settings.engine.max_text_bytes
+        for i, text in enumerate(texts):
+            if len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit:
+                raise ApiError(413, "text_too_large", f"{what}[{i}] is over the limit of {limit} bytes", param=what)
+            if not text.strip():
+                raise ApiError(422, "empty_text", f"{what}[{i}] is empty", param=what)
+
+    def _check_options(self, ask: EmbedAsk) -> None:
+        try:
+            postprocess.check_dimensions(ask.dimensions, self.spec.matryoshka_dims, self.dimensions, self.spec.name)
+        except EngineError as err:
+            raise ApiError(422, err.code, err.message, param="dimensions") from None
+        if ask.truncate is not None and ask.truncate != self.spec.truncate:
+            # QueryRequest carries no truncate flag: the embed worker applies the model's setting.
+            raise ApiError(422, "truncate_unsupported", f"model {self.spec.name!r} is served with truncate="
+                           f"{str(self.spec.truncate).lower()} on the online lane; chunk longer texts "
+                           f"(limit {self.spec.max_tokens} tokens)", param="truncate")
+        if ask.normalize is False and self.spec.normalize:
+            raise ApiError(422, "normalize_unsupported", f"model {self.spec.name!r} returns normalised vectors; "
+                           "unnormalised ones are not served", param="normalize")
+
+    def decode_token_ids(self, ids: list[list[int]]) -> list[str]:
+        """Token ids of the served model's own tokenizer back to text (vLLM's meaning of token-id input)."""
+        if self._tokenizer is None:
+            from embedstream.engine.tokenize import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.spec.path)
+        vocab = self._tokenizer.get_vocab_size()
+        for i, row in enumerate(ids):
+            if not row:
+                raise ApiError(422, "empty_input", f"input[{i}] has no token ids", param="input")
+            if min(row) < 0 or max(row) >= vocab:
+                raise ApiError(422, "invalid_token_id", f"input[{i}] has a token id outside 0..{vocab - 1} of "
+                               f"{self.spec.name!r}'s tokenizer (LangChain: set check_embedding_ctx_length=False "
+                               "to send text)", param="input")
+        return self._tokenizer.decode_batch(ids, skip_special_tokens=True)
+
+    # -- lanes ----------------------------------------------------------------------------------
+    def _connected(self) -> KafkaLanes:
+        if self.lanes is None or not self.lanes.healthy():
+            raise ApiError(503, "kafka_unavailable", "the gateway has no working Kafka client (starting, or its "
+                           "reply reader stopped)")
+        return self.lanes
+
+    async def embed(self, ask: EmbedAsk, deadline: float, what: str = "input") -> Embedded:
+        self._check_texts(ask.texts, what)
+        self._check_options(ask)
+        lanes = self._connected()
+        sent = now_ms()
+        expires = sent + int(max(0.0, deadline - time.monotonic()) * 1000)
+        requests = [QueryRequest(request_id=uuid.uuid4().hex, text=text, model=self.spec.name, dimensions=ask.dimensions,
+                                 prompt=ask.prompt, reply_to=lanes.reply_topic, deadline_ms=expires, sent_at_ms=sent)
+                    for text in ask.texts]
+        replies = await lanes.call("embed", self.settings.kafka.topic_queries, requests, QueryReply, deadline)
+        for reply in replies:
+            if reply.error is not None:
+                raise ApiError.from_worker(reply.error)
+        vectors = np.asarray([r.embedding for r in replies], dtype=np.float32)
+        if ask.normalize and not self.spec.normalize:
+            vectors = postprocess.l2_normalize(vectors)
+        return Embedded(vectors, [r.tokens or 0 for r in replies], slowest([r.timings_ms for r in replies]))
+
+    async def rerank(self, query: str, documents: list[str], top_n: int | None, deadline: float) -> RerankReply:
+        self.check_model(None, "rerank")
+        if not documents:
+            raise ApiError(422, "no_candidates", "documents must not be empty", param="documents")
+        if len(documents) > self.options.max_documents:
+            raise ApiError(413, "too_many_candidates", f"{len(documents)} documents, over the limit of "
+                           f"{self.options.max_documents} per request", param="documents")
+        lanes = self._connected()
+        sent = now_ms()
+        request = RerankRequest(
+            request_id=uuid.uuid4().hex, query=query, model=self.rerank_spec.name,
+            candidates=[Candidate(id=str(i), text=text) for i, text in enumerate(documents)],
+            top_n=min(top_n or len(documents), len(documents)), reply_to=lanes.reply_topic,
+            deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), sent_at_ms=sent)
+        (reply,) = await lanes.call("rerank", self.settings.kafka.topic_rerank, [request], RerankReply, deadline)
+        if reply.error is not None:
+            raise ApiError.from_worker(reply.error)
+        return reply
+
+    async def search(self, fields: dict, deadline: float) -> SearchReply:
+        """``fields`` of a SearchRequest (query, top_k, top_n, filters, rerank, collection); 422 when they do not fit."""
+        lanes = self._connected()
+        sent = now_ms()
+        try:
+            request = SearchRequest(request_id=uuid.uuid4().hex, reply_to=lanes.reply_topic, sent_at_ms=sent,
+                                    deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), **fields)
+        except ValidationError as exc:
+            raise invalid(exc) from None
+        (reply,) = await lanes.call("rerank", self.settings.kafka.topic_search, [request], SearchReply, deadline)
+        if reply.error is not None:
+            raise ApiError.from_worker(reply.error)
+        return reply
+
+    # -- facts ----------------------------------------------------------------------------------
+    def info(self, version: str) -> dict:
+        """TEI's /info keys, plus what embedstream adds (dimensions, Matryoshka sizes, lanes, limits)."""
+        engine = self.settings.engine
+        out = {
+            "model_id": self.spec.name,
+            "model_type": {"embedding": {"pooling": self.spec.pooling}},
+            "model_dtype": engine.precision,
+            "dimensions": self.dimensions,
+            "matryoshka_dimensions": list(self.spec.matryoshka_dims),
+            "normalize": self.spec.normalize,
+            "max_input_length": self.spec.max_tokens,
+            "max_batch_tokens": engine.max_batch_tokens,
+            "max_batch_requests": engine.max_batch_requests,
+            "max_client_batch_size": self.options.max_inputs,
+            "max_concurrent_requests": self.options.max_inflight,
+            "max_body_bytes": self.options.max_body_bytes,
+            "max_text_bytes": engine.max_text_bytes,
+            "topics": {"queries": self.settings.kafka.topic_queries, "rerank": self.settings.kafka.topic_rerank,
+                       "search": self.settings.kafka.topic_search,
+                       "replies": self.options.reply_topic or self.settings.kafka.topic_replies},
+            "version": version,
+        }
+        if self.rerank_spec is not None:
+            out["reranker"] = {"model_id": self.rerank_spec.name, "max_input_length": self.rerank_spec.max_tokens,
+                               "activation": self.rerank_spec.activation}
+        return out
