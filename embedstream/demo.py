@@ -20,7 +20,8 @@ from embedstream.bench.corpus import documents
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.publisher import ChunkPublisher
+from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient
 from embedstream.workers.runtime import build_embed_worker, open_settings_store
 

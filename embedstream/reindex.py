@@ -21,7 +21,8 @@ from embedstream.config import Settings
 from embedstream.engine.model_spec import ModelSpec
 from embedstream.vectorstore.base import VectorStore
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.publisher import ChunkPublisher
+from embedstream.producers.topics import ensure_topics
 from embedstream.producers.replay import DocumentReplay, ReplayProgress, StartPosition
 from embedstream.workers.sink import QdrantSink, SinkConfig
 

@@ -19,10 +19,14 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     """Kafka-backed classes load lazily, so chunking and reading sources work without a Kafka client."""
-    if name in ("ChunkPublisher", "PublishError", "ensure_topics"):
+    if name in ("ChunkPublisher", "PublishError"):
         from embedstream.producers import publisher
 
         return getattr(publisher, name)
+    if name == "ensure_topics":
+        from embedstream.producers.topics import ensure_topics
+
+        return ensure_topics
     if name == "QueryClient":
         from embedstream.producers.query_client import QueryClient
 

@@ -1,101 +1,38 @@
 """Publish chunk and delete events to the chunk topics, keyed by doc_id so each document stays ordered.
 
-Also home of :func:`ensure_topics`, which creates embedstream's topics with an explicit partition
-count (auto-created topics would get whatever the broker defaults to, or fail where disabled).
+Creating the topics is :mod:`embedstream.producers.topics`' job; the publisher asks it for its own.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaProducer
 from kafka.codec import has_lz4
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError
 from kafka.producer.future import FutureRecordMetadata
 
+from embedstream import logs
 from embedstream.config import KafkaSettings
+from embedstream.errors import CodedError
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.sources import Document
+from embedstream.producers.topics import DEFAULT_PARTITIONS, ensure_topics, lane_topic
 from embedstream.schemas.codec import encode
 from embedstream.schemas.events import ChunkEvent, DocumentDelete, DocumentRecord, Lane, content_hash, now_ms
 
-log = logging.getLogger(__name__)
-
-DEFAULT_PARTITIONS = 4
+log = logs.get("embedstream.publisher")
 
 
-def all_topics(settings: KafkaSettings) -> list[str]:
-    """Every topic embedstream uses, in a stable order."""
-    return [
-        settings.topic_chunks_online,
-        settings.topic_chunks_bulk,
-        settings.topic_queries,
-        settings.topic_replies,
-        settings.topic_rerank,
-        settings.topic_search,
-        settings.topic_dead_letters,
-        settings.topic_documents,
-    ]
-
-
-def topic_configs(settings: KafkaSettings, topic: str) -> dict[str, str]:
-    """Per-topic broker configs: the documents log is compacted (latest version per doc_id survives)."""
-    if topic == settings.topic_documents:
-        return {"cleanup.policy": "compact"}
-    return {}
-
-
-def ensure_topics(
-    settings: KafkaSettings,
-    partitions: int = DEFAULT_PARTITIONS,
-    replication_factor: int = 1,
-    topics: Iterable[str] | None = None,
-    timeout_s: float = 30.0,
-) -> list[str]:
-    """Create the missing topics (default: all of ``settings``); returns the ones created. Idempotent.
-
-    Existing topics are left as they are (their partition count is not changed).
-    """
-    if partitions < 1 or replication_factor < 1:
-        raise ValueError("partitions and replication_factor must be at least 1")
-    wanted = list(dict.fromkeys(topics if topics is not None else all_topics(settings)))
-    admin = KafkaAdminClient(**settings.client_kwargs(), client_id="embedstream-admin")
-    try:
-        existing = set(admin.list_topics())
-        missing = [t for t in wanted if t not in existing]
-        created = []
-        for topic in missing:  # one by one, so a concurrent creator only costs that topic's error
-            try:
-                admin.create_topics(
-                    {topic: {"num_partitions": partitions, "replication_factor": replication_factor,
-                             "configs": topic_configs(settings, topic)}},
-                    timeout_ms=int(timeout_s * 1000),
-                    wait_for_metadata=True,
-                )
-                created.append(topic)
-            except TopicAlreadyExistsError:
-                pass
-        if created:
-            log.info("created topics %s with %d partitions", created, partitions)
-        return created
-    finally:
-        admin.close()
-
-
-def lane_topic(settings: KafkaSettings, lane: Lane) -> str:
-    """The chunk topic of a lane: 'online' for interactive writes, 'bulk' for backfills."""
-    if lane == "online":
-        return settings.topic_chunks_online
-    if lane == "bulk":
-        return settings.topic_chunks_bulk
-    raise ValueError(f"lane must be 'online' or 'bulk', got {lane!r}")
-
-
-class PublishError(RuntimeError):
+class PublishError(CodedError, RuntimeError):
     """Some sends failed after the producer's retries; raised by flush() so failures are never silent."""
+
+    code = "publish_failed"
+
+    def __init__(self, message: str):
+        super().__init__(self.code, message)
 
 
 class ChunkPublisher:
@@ -241,7 +178,7 @@ class ChunkPublisher:
             self._failures += 1
             if self._first_failure is None:
                 self._first_failure = exc
-        log.error("publishing to %s failed: %s", self.topic, exc)
+        log.error("publish failed", topic=self.topic, error=repr(exc))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every send is acknowledged; raise PublishError if any failed since the last flush."""
@@ -272,4 +209,4 @@ class ChunkPublisher:
             try:
                 self.close()
             except Exception:  # noqa: BLE001
-                log.exception("closing the publisher after an error failed")
+                log.exception("closing the publisher after an error failed", topic=self.topic)

@@ -9,7 +9,7 @@ import time
 from conftest import wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from embedstream.producers.publisher import ensure_topics
+from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
 from embedstream.workers.sink import point_id

@@ -29,7 +29,8 @@ from embedstream import logs
 from embedstream.config import Settings
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.debezium import CdcConfig, CdcError, Change, parse_change
-from embedstream.producers.publisher import ChunkPublisher, PublishError, ensure_topics
+from embedstream.producers.publisher import ChunkPublisher, PublishError
+from embedstream.producers.topics import ensure_topics
 from embedstream.producers.sources import Document
 from embedstream.schemas.events import Lane
 from embedstream.workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, subscribe

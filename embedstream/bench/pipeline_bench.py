@@ -35,7 +35,8 @@ from embedstream.config import Settings
 from embedstream.engine.engine import EmbedRequest, Engine
 from embedstream.gcfreeze import freeze_startup_objects
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.publisher import ChunkPublisher
+from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient
 
 

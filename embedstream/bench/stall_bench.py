@@ -87,7 +87,7 @@ def run_mode(mode: str, engine, bootstrap: str, chunks: int, words: int, warmup_
 
     from embedstream.config import KafkaSettings
     from embedstream.vectorstore.factory import open_store
-    from embedstream.producers.publisher import ensure_topics
+    from embedstream.producers.topics import ensure_topics
     from embedstream.workers.runtime import build_embed_worker
 
     prefix = f"stall-{mode}-{uuid.uuid4().hex[:6]}"

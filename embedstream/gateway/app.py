@@ -47,7 +47,7 @@ VERSION = _version()
 
 def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, LagMonitor]:
     """The Kafka side: request topics present, one reply reader, the lag probes (blocking; run off the loop)."""
-    from embedstream.producers.publisher import ensure_topics
+    from embedstream.producers.topics import ensure_topics
     from embedstream.producers.query_client import QueryClient
 
     k = settings.kafka

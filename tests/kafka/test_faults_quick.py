@@ -13,7 +13,7 @@ from conftest import isolated_settings, memory_store, read_dead_letters, wait_fo
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from worker_rig import RunningWorker
 
-from embedstream.producers.publisher import ensure_topics
+from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
 from embedstream.workers.sink import point_id

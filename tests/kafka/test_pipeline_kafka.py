@@ -15,7 +15,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from embedstream.bench.corpus import documents
 from embedstream.engine.engine import EmbedRequest
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.publisher import ChunkPublisher
+from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient
 from embedstream.schemas import ChunkEvent, DeadLetter, QueryReply, QueryRequest
 from embedstream.schemas.codec import decode, encode

@@ -25,7 +25,8 @@ from embedstream.producers.sources import Document
 from embedstream.schemas import CHUNK_TOPIC_ADAPTER, ChunkEvent, DecodeError, DocumentDelete, QueryReply, QueryRequest, decode, encode
 
 kafka = pytest.importorskip("kafka")
-from embedstream.producers.publisher import ChunkPublisher, all_topics, ensure_topics  # noqa: E402
+from embedstream.producers.publisher import ChunkPublisher  # noqa: E402
+from embedstream.producers.topics import all_topics, ensure_topics  # noqa: E402
 from embedstream.producers.query_client import ClientClosedError, QueryClient  # noqa: E402
 
 pytestmark = [

@@ -14,7 +14,8 @@ from embedstream.engine.engine import EmbedRequest
 from embedstream.vectorstore.base import VectorSpec
 from embedstream.reindex import ReindexError, Reindexer, ReindexPlan
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.publisher import ChunkPublisher, ensure_topics
+from embedstream.producers.publisher import ChunkPublisher
+from embedstream.producers.topics import ensure_topics
 from embedstream.producers.replay import StartPosition
 from embedstream.workers.runtime import sink_config_from
 from embedstream.workers.sink import point_id

@@ -12,7 +12,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from embedstream.bench.corpus import stdlib_paragraphs
 from embedstream.vectorstore.factory import open_store
-from embedstream.producers.publisher import ensure_topics
+from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient
 from embedstream.schemas import ChunkEvent, DeadLetter
 from embedstream.schemas.codec import decode

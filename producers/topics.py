@@ -1,0 +1,87 @@
+"""Topic administration: which topics embedstream uses, how they are configured, and creating them.
+
+Topics are created with an explicit partition count: auto-created topics would get whatever the
+broker defaults to, or fail where auto-creation is disabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kafka import KafkaAdminClient
+from kafka.errors import TopicAlreadyExistsError
+
+from embedstream import logs
+from embedstream.config import KafkaSettings
+from embedstream.schemas.events import Lane
+
+log = logs.get("embedstream.topics")
+
+DEFAULT_PARTITIONS = 4
+
+
+def all_topics(settings: KafkaSettings) -> list[str]:
+    """Every topic embedstream uses, in a stable order."""
+    return [
+        settings.topic_chunks_online,
+        settings.topic_chunks_bulk,
+        settings.topic_queries,
+        settings.topic_replies,
+        settings.topic_rerank,
+        settings.topic_search,
+        settings.topic_dead_letters,
+        settings.topic_documents,
+    ]
+
+
+def topic_configs(settings: KafkaSettings, topic: str) -> dict[str, str]:
+    """Per-topic broker configs: the documents log is compacted (latest version per doc_id survives)."""
+    if topic == settings.topic_documents:
+        return {"cleanup.policy": "compact"}
+    return {}
+
+
+def lane_topic(settings: KafkaSettings, lane: Lane) -> str:
+    """The chunk topic of a lane: 'online' for interactive writes, 'bulk' for backfills."""
+    if lane == "online":
+        return settings.topic_chunks_online
+    if lane == "bulk":
+        return settings.topic_chunks_bulk
+    raise ValueError(f"lane must be 'online' or 'bulk', got {lane!r}")
+
+
+def ensure_topics(
+    settings: KafkaSettings,
+    partitions: int = DEFAULT_PARTITIONS,
+    replication_factor: int = 1,
+    topics: Iterable[str] | None = None,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create the missing topics (default: all of ``settings``); returns the ones created. Idempotent.
+
+    Existing topics are left as they are (their partition count is not changed).
+    """
+    if partitions < 1 or replication_factor < 1:
+        raise ValueError("partitions and replication_factor must be at least 1")
+    wanted = list(dict.fromkeys(topics if topics is not None else all_topics(settings)))
+    admin = KafkaAdminClient(**settings.client_kwargs(), client_id="embedstream-admin")
+    try:
+        existing = set(admin.list_topics())
+        missing = [t for t in wanted if t not in existing]
+        created = []
+        for topic in missing:  # one by one, so a concurrent creator only costs that topic's error
+            try:
+                admin.create_topics(
+                    {topic: {"num_partitions": partitions, "replication_factor": replication_factor,
+                             "configs": topic_configs(settings, topic)}},
+                    timeout_ms=int(timeout_s * 1000),
+                    wait_for_metadata=True,
+                )
+                created.append(topic)
+            except TopicAlreadyExistsError:
+                pass
+        if created:
+            log.info("topics created", topics=created, partitions=partitions)
+        return created
+    finally:
+        admin.close()
