@@ -8,7 +8,6 @@ clients can share one reply topic.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -19,12 +18,13 @@ from typing import Any, TypeVar
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.producers.publisher import DEFAULT_PARTITIONS, ensure_topics
+from embedstream.producers.topics import DEFAULT_PARTITIONS, ensure_topics
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
 
-log = logging.getLogger(__name__)
+log = logs.get("embedstream.query_client")
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -119,7 +119,7 @@ class QueryClient:
             if not ids:
                 raise RuntimeError(
                     f"reply topic {self.reply_topic!r} does not exist on {self.settings.bootstrap_servers} "
-                    f"(create it, e.g. with embedstream.producers.publisher.ensure_topics)"
+                    f"(create it, e.g. with embedstream.producers.topics.ensure_topics)"
                 )
             assigned = [TopicPartition(self.reply_topic, p) for p in sorted(ids)]
             consumer.assign(assigned)
