@@ -1,0 +1,245 @@
+"""The HTTP gateway against real workers on the local broker, spoken to by real clients.
+
+openai SDK (default base64 and explicit float), cohere SDK (v2 embed with every embedding type, v2
+rerank), httpx for the TEI shapes and /search; refusals next to good requests; overload by lag.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from conftest import isolated_settings, make_engine, memory_store, wait_for
+from worker_rig import RunningWorker
+
+from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.config import ModelConfig
+from embedstream.engine.engine import EmbedRequest, ScoreRequest
+from embedstream.engine.postprocess import quantize
+from embedstream.gateway import GatewayOptions
+from embedstream.gateway.server import BackgroundGateway
+from embedstream.producers.publisher import ensure_topics
+from embedstream.schemas import ChunkEvent
+from embedstream.vectorstore.factory import open_store
+from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
+from embedstream.workers.search import Searcher
+from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
+
+pytestmark = pytest.mark.kafka
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+class _Thread:
+    def __init__(self, worker):
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self.worker
+
+    def __exit__(self, *exc):
+        self.worker.stop()
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def ce_engine(tiny_ce_dir):
+    return make_engine(tiny_ce_dir, name="tiny-ce", kind="rerank")
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap, minilm_engine, ce_engine, tiny_ce_dir, tiny_bert_dir):
+    """Gateway + online embed worker (MiniLM) + rerank worker (tiny cross-encoder, search over a tiny-bert index)."""
+    settings = isolated_settings(kafka_bootstrap, "gw")
+    settings.models["tiny-ce"] = ModelConfig(path=str(tiny_ce_dir), kind="rerank")
+    ensure_topics(settings.kafka, partitions=2)
+    embedder = make_engine(tiny_bert_dir, name="tiny-bert")
+    store = open_store(":memory:", None, None)
+    sink = QdrantSink(store, embedder.spec, embedder.dimensions, "docs", SinkConfig())
+    texts = [" ".join(p.split()[:40]) for p in stdlib_paragraphs()[300:320]]
+    vectors = np.random.default_rng(0).standard_normal((20, embedder.dimensions)).astype(np.float32)
+    sink.upsert([EmbeddedChunk(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=t, metadata={"half": i % 2}),
+                               v / np.linalg.norm(v)) for i, (t, v) in enumerate(zip(texts, vectors))])
+    rerank_worker = RerankWorker(settings, ce_engine, RerankOptions(default_collection="docs"),
+                                 searcher=Searcher(store, embedder, ce_engine, "docs"))
+    options = GatewayOptions(model=MODEL, rerank_model="tiny-ce", max_inputs=2048, max_body_bytes=4_000_000)
+    with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), _Thread(rerank_worker), \
+            BackgroundGateway(settings, options) as gateway:
+        yield gateway
+
+
+def _engine_vectors(engine, texts, prompt=None):
+    results, _ = engine.embed([EmbedRequest(i, t, prompt=prompt) for i, t in enumerate(texts)])
+    return np.stack([r.vector.values for r in results]), [r.tokens for r in results]
+
+
+def _cos(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+TEXTS = ["how do I read a file line by line?", "sorting a list of tuples by the second item",
+         "the quick brown fox jumps over the lazy dog", "regular expressions: non-greedy matching"]
+
+
+def test_openai_sdk_default_base64_and_float_match_the_engine(stack, minilm_engine):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    expected, tokens = _engine_vectors(minilm_engine, TEXTS)
+    raw = client.embeddings.with_raw_response.create(model=MODEL, input=TEXTS)  # the SDK asks for base64
+    assert json.loads(raw.http_request.content)["encoding_format"] == "base64"
+    for name in ("x-queue-time", "x-tokenization-time", "x-inference-time", "x-total-time", "x-compute-tokens"):
+        assert float(raw.headers[name]) >= 0, name
+    default = raw.parse()
+    explicit = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    for response in (default, explicit):
+        got = np.array([d.embedding for d in sorted(response.data, key=lambda d: d.index)])
+        assert got.shape == (len(TEXTS), 384)
+        assert _cos(got, expected).min() >= 0.9999
+        assert response.usage.prompt_tokens == sum(tokens) and response.model == MODEL
+    single = client.embeddings.create(model=MODEL, input=TEXTS[0])
+    assert _cos(single.data[0].embedding, expected[0]) >= 0.9999
+    ids = minilm_engine.tokenizer.tokenizer.encode(TEXTS[1], add_special_tokens=False).ids
+    by_ids = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float")  # the model's token ids, as vLLM
+    assert _cos(by_ids.data[0].embedding, expected[1]) >= 0.9999
+
+
+def test_tei_embed_and_rerank_shapes_over_httpx(stack, minilm_engine, ce_engine):
+    expected, _ = _engine_vectors(minilm_engine, TEXTS, prompt="query")
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        r = http.post("/embed", json={"inputs": TEXTS, "prompt_name": "query"})
+        assert r.status_code == 200, r.text
+        assert _cos(r.json(), expected).min() >= 0.9999 and float(r.headers["x-queue-time"]) >= 0
+        r = http.post("/embed", json={"inputs": TEXTS[2]})
+        assert len(r.json()) == 1 and _cos(r.json()[0], expected[2]) >= 0.9999
+
+        docs = [" ".join(p.split()[:30]) for p in stdlib_paragraphs()[900:906]]
+        scores, _ = ce_engine.score([ScoreRequest(i, "read a file", d) for i, d in enumerate(docs)])
+        ref = np.array([s.score for s in scores])
+        r = http.post("/rerank", json={"query": "read a file", "texts": docs, "return_text": True})
+        assert r.status_code == 200, r.text
+        ranked = r.json()
+        assert [x["index"] for x in ranked] == list(np.argsort(-ref, kind="stable"))
+        np.testing.assert_allclose([x["score"] for x in ranked], np.sort(ref)[::-1], atol=1e-4)
+        assert ranked[0]["text"] == docs[ranked[0]["index"]] and float(r.headers["x-inference-time"]) >= 0
+        r = http.post("/v1/rerank", json={"query": "read a file", "documents": [{"text": d} for d in docs], "top_n": 2,
+                                          "return_documents": True, "model": "tiny-ce"})
+        body = r.json()
+        assert r.status_code == 200 and [x["index"] for x in body["results"]] == [x["index"] for x in ranked[:2]]
+        assert body["results"][0]["document"]["text"] == docs[ranked[0]["index"]]
+
+
+def test_cohere_sdk_embed_every_type_and_rerank(stack, minilm_engine, ce_engine):
+    cohere = pytest.importorskip("cohere")
+    client = cohere.ClientV2(api_key="unused", base_url=stack.url, timeout=30)
+    expected, _ = _engine_vectors(minilm_engine, TEXTS, prompt="document")
+    response = client.embed(model=MODEL, texts=TEXTS, input_type="search_document",
+                            embedding_types=["float", "int8", "uint8", "binary", "ubinary"])
+    e = response.embeddings
+    floats = np.array(e.float_, dtype=np.float32)
+    assert _cos(floats, expected).min() >= 0.9999 and response.texts == TEXTS
+    for i, v in enumerate(floats):  # each form is the engine's quantizer applied to the float vector, bit for bit
+        q8, qb = quantize(v, "int8").values, quantize(v, "binary").values
+        assert e.int8[i] == q8.tolist() and e.uint8[i] == (q8.astype(int) + 128).tolist()
+        assert e.ubinary[i] == qb.tolist() and e.binary[i] == (qb.astype(int) - 128).tolist()
+        assert len(e.binary[i]) == 384 // 8
+    docs = [" ".join(p.split()[:30]) for p in stdlib_paragraphs()[910:915]]
+    scores, _ = ce_engine.score([ScoreRequest(i, "sort a list", d) for i, d in enumerate(docs)])
+    ref = np.array([s.score for s in scores])
+    ranked = client.rerank(model="tiny-ce", query="sort a list", documents=docs, top_n=3)
+    assert [r.index for r in ranked.results] == list(np.argsort(-ref, kind="stable")[:3])
+    np.testing.assert_allclose([r.relevance_score for r in ranked.results], np.sort(ref)[::-1][:3], atol=1e-4)
+
+
+def test_search_returns_hits_payloads_and_stage_times(stack):
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        r = http.post("/search", json={"query": "files and streams", "top_k": 10, "top_n": 3, "filters": {"half": 1}})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert len(body["hits"]) == 3 and [h["rank"] for h in body["hits"]] == [1, 2, 3]
+        assert all(h["payload"]["half"] == 1 and h["text"] and h["rerank_score"] is not None for h in body["hits"])
+        for name in ("x-embed-time", "x-search-time", "x-rerank-time", "x-worker-time", "x-total-time"):
+            assert float(r.headers[name]) >= 0, name
+        r = http.post("/search", json={"query": "files", "collection": "nope"})
+        assert r.status_code == 404 and r.json()["code"] == "unknown_collection"
+
+
+BAD = [
+    ("/v1/embeddings", {"input": []}, 422),
+    ("/v1/embeddings", {"input": ["x"] * 10_000}, 413),
+    ("/v1/embeddings", {"input": ["fine", {"text": "no"}]}, 422),
+    ("/v1/embeddings", {"input": " ".join(["word"] * 600)}, 413),  # over 256 tokens, no truncation: the worker says too_long
+    ("/v1/embeddings", {"input": "x", "dimensions": 64}, 422),
+    ("/v1/embeddings", {"input": "x", "model": "text-embedding-3-large"}, 404),
+    ("/embed", {"inputs": "x", "truncate": True}, 422),
+    ("/v2/embed", {"texts": ["x"], "embedding_types": ["float"], "truncate": "START"}, 422),
+]
+
+
+def test_bad_requests_get_their_status_while_good_ones_around_them_succeed(stack, minilm_engine):
+    expected, _ = _engine_vectors(minilm_engine, TEXTS[:1])
+
+    def good(http: httpx.Client) -> float:
+        r = http.post("/v1/embeddings", json={"input": TEXTS[0], "encoding_format": "float"})
+        assert r.status_code == 200, r.text
+        return float(_cos(r.json()["data"][0]["embedding"], expected[0]))
+
+    def bad(http: httpx.Client, path: str, body: dict, status: int) -> None:
+        r = http.post(path, json=body)
+        assert r.status_code == status, (path, r.text)
+        error = r.json().get("error")
+        assert error if path != "/v2/embed" else r.json()["message"]
+
+    with httpx.Client(base_url=stack.url, timeout=30) as http, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(good, http) for _ in range(12)]
+        futures += [pool.submit(bad, http, *case) for case in BAD]
+        malformed = http.post("/v1/embeddings", content=b'{"input": "x"', headers={"content-type": "application/json"})
+        huge = http.post("/v1/embeddings", content=json.dumps({"input": ["word " * 1000] * 4000}).encode(),
+                         headers={"content-type": "application/json"})  # 20 MB over a 4 MB limit
+        late = http.post("/embed", json={"inputs": TEXTS[0]}, headers={"x-request-timeout": "0.001"})
+        futures += [pool.submit(good, http) for _ in range(12)]
+        cosines = [f.result(timeout=60) for f in futures if f.result(timeout=60) is not None]
+    assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "malformed_json"
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
+    assert late.status_code == 504 and late.json()["error_type"] == "backend"
+    assert len(cosines) == 24 and min(cosines) >= 0.9999
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        assert http.get("/health").json() == {"status": "ok"}
+        metrics = http.get("/metrics").text
+    assert 'embedstream_gateway_requests_total{route="openai_embeddings",status="200"}' in metrics
+    assert 'route="openai_embeddings",status="413"' in metrics and 'embedstream_gateway_inflight{lane="embed"} 0.0' in metrics
+
+
+def test_overload_by_lane_lag_is_429_with_retry_after(kafka_bootstrap):
+    """No worker consumes this lane: once its backlog passes max_lag, new requests are refused at once."""
+    from kafka import KafkaProducer
+
+    settings = isolated_settings(kafka_bootstrap, "gwlag")
+    ensure_topics(settings.kafka, partitions=1)
+    producer = KafkaProducer(**settings.kafka.client_kwargs())
+    for i in range(5):
+        producer.send(settings.kafka.topic_queries, key=b"k", value=b"{}")
+    producer.flush()
+    producer.close()
+    options = GatewayOptions(model=MODEL, max_lag=2, lag_interval_s=0.1, retry_after_s=3)
+    with BackgroundGateway(settings, options) as gateway, httpx.Client(base_url=gateway.url, timeout=30) as http:
+        wait_for(lambda: gateway.server.servers and _lag(http) >= 5, 30, "the gateway to measure the lane's lag")
+        start = time.monotonic()
+        r = http.post("/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "3"
+        assert r.json()["error"]["type"] == "rate_limit_error" and time.monotonic() - start < 5
+
+
+def _lag(http: httpx.Client) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith('embedstream_gateway_lane_lag{lane="embed"}'):
+            return float(line.split()[-1])
+    return 0.0
