@@ -395,7 +395,7 @@ def kafka_status(port: int = typer.Option(9092), data_dir: Optional[str] = typer
 
 
 def _register_plan() -> None:
-    from embedstream.plan import plan_command
+    from embedstream.plan.command import plan_command
 
     app.command("plan", help="Indexing, serving and storage arithmetic fed by measured throughput.")(plan_command)
 

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
+from embedstream.errors import CodedError
 from embedstream.plan import (
     BenchThroughput,
     IndexingInputs,
@@ -24,7 +25,6 @@ from embedstream.plan import (
     load_bench,
     parse_mrl,
     parse_stage_ms,
-    plan_command,
     plan_indexing,
     plan_serving,
     plan_stages,
@@ -34,6 +34,7 @@ from embedstream.plan import (
     storage_line,
     vector_bytes,
 )
+from embedstream.plan.command import plan_command
 
 REFERENCE = ["--chunks", "10000000", "--tokens", "256", "--tokens-per-s", "8000", "--devices", "8"]
 REFERENCE_LINE = "indexing: 2.56e9 tokens → 88.9 h on 1 device, 11.1 h on 8 devices, $177.78"
@@ -145,6 +146,13 @@ def test_vector_bytes_per_dtype_and_packed_binary():
     assert vector_bytes(100, "binary") == 13  # bits packed per vector, rounded up to a byte
     with pytest.raises(PlanError, match="unknown dtype"):
         vector_bytes(8, "bfloat8")
+
+
+def test_plan_error_is_a_coded_value_error():
+    with pytest.raises(CodedError) as err:
+        vector_bytes(8, "bfloat8")
+    assert isinstance(err.value, ValueError) and err.value.code == "bad_plan_input"
+    assert str(err.value) == err.value.message and "unknown dtype 'bfloat8'" in err.value.message
 
 
 def test_storage_table_lists_every_dtype_and_mrl_size_in_gb_and_gib():
