@@ -412,6 +412,17 @@ def _register_rerank() -> None:
 _register_rerank()
 
 
+def _register_gateway() -> None:
+    from embedstream.bench.gateway_bench import bench_gateway_cmd
+    from embedstream.gateway.cli import gateway_cmd
+
+    app.command("gateway")(gateway_cmd)
+    bench_app.command("gateway")(bench_gateway_cmd)
+
+
+_register_gateway()
+
+
 def main() -> None:
     app()
 
