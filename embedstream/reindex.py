@@ -19,6 +19,7 @@ from kafka import KafkaConsumer, TopicPartition
 from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine.model_spec import ModelSpec
+from embedstream.errors import CodedError
 from embedstream.vectorstore.base import VectorStore
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.publisher import ChunkPublisher
@@ -29,8 +30,10 @@ from embedstream.workers.sink import QdrantSink, SinkConfig
 log = logs.get("embedstream.reindex")
 
 
-class ReindexError(RuntimeError):
-    """The re-index cannot proceed as asked (the message says why and what to do)."""
+class ReindexError(CodedError, RuntimeError):
+    """The re-index cannot proceed as asked (the message says why and what to do).
+
+    Codes: ``target_is_alias``, ``alias_is_collection``, ``stopped``, ``workers_behind``."""
 
 
 @dataclass
@@ -80,9 +83,10 @@ class Reindexer:
         """Validate names; return the alias's current target (None before the first version)."""
         plan = self.plan
         if plan.target == plan.alias:
-            raise ReindexError(f"--to-collection must differ from the alias {plan.alias!r} (e.g. {plan.alias}_v2)")
+            raise ReindexError("target_is_alias", f"--to-collection must differ from the alias {plan.alias!r} (e.g. {plan.alias}_v2)")
         if self.store.collection_exists(plan.alias):
             raise ReindexError(
+                "alias_is_collection",
                 f"{plan.alias!r} is a collection, not an alias, so it cannot be switched atomically. "
                 f"Re-index into a versioned collection with another alias name (--alias), point readers at "
                 f"that alias, then drop {plan.alias!r}; new deployments get versioned collections by default "
@@ -105,7 +109,7 @@ class Reindexer:
                             create_topics=False, record_documents=False) as publisher:
             passes.append(self._replay(publisher, "replaying documents", should_stop, fresh=plan.restart))
             if should_stop and should_stop():
-                raise ReindexError("stopped before the replay finished; run the same command again to resume")
+                raise ReindexError("stopped", "stopped before the replay finished; run the same command again to resume")
             self._await_workers("embedding into " + plan.target)
             if previous != plan.target:
                 self.store.set_alias(plan.alias, plan.target)
@@ -144,6 +148,7 @@ class Reindexer:
                     return
                 if time.monotonic() > deadline:
                     raise ReindexError(
+                        "workers_behind",
                         f"the bulk embed workers (group {kafka.group_bulk!r}) are still {behind} records behind after "
                         f"{self.plan.wait_timeout_s:.0f} s; are they running? Run the same command again to resume."
                     )

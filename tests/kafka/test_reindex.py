@@ -158,10 +158,12 @@ def test_reindex_refuses_a_real_collection_as_alias_and_same_target(kafka_bootst
     settings = isolated_settings(kafka_bootstrap, "refuse")
     store = memory_store()
     store.ensure_collection("docs", {"full": VectorSpec(minilm_engine.dimensions, "cosine")})
-    with pytest.raises(ReindexError, match="is a collection, not an alias"):
+    with pytest.raises(ReindexError, match="is a collection, not an alias") as refused:
         _reindexer(settings, store, minilm_engine, "docs_v2", 64).check()
-    with pytest.raises(ReindexError, match="must differ"):
+    assert refused.value.code == "alias_is_collection"
+    with pytest.raises(ReindexError, match="must differ") as same:
         _reindexer(settings, store, minilm_engine, "docs", 64).check()
+    assert same.value.code == "target_is_alias"
 
 
 def test_start_positions_parse():
