@@ -232,7 +232,7 @@ def test_dequantise_recovers_int8_from_both_stored_forms():
 
 
 def test_cli_filters_parse_to_store_filters():
-    from embedstream.rerank_cli import parse_filters
+    from embedstream.commands.pipeline import parse_filters
 
     assert parse_filters(["lang=en", "year=2024", "tag=a", "tag=b", "ok=true", "v=1.5"]) == {
         "lang": "en", "year": 2024, "tag": ["a", "b"], "ok": True, "v": 1.5}

@@ -1,0 +1,115 @@
+"""`embedstream bench …`: benchmarks that print side-by-side tables.
+
+Each command imports its bench module (torch, Kafka, Qdrant) only when it runs, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from embedstream import logs
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks that print side-by-side tables.")
+
+
+@app.command("engine")
+def bench_engine(
+    model: str = typer.Option("all-MiniLM-L6-v2", help="Registry name or local folder"),
+    threads: list[int] = typer.Option([1, 2], help="torch threads; repeat the flag for several"),
+    texts: int = typer.Option(600, help="Corpus size"),
+    repeats: int = typer.Option(3, help="Timed runs per method, taken in turns (median reported)"),
+    no_baselines: bool = typer.Option(False, "--no-baselines", help="Only embedstream"),
+    precision: Optional[list[str]] = typer.Option(
+        None, help="Extra approximate rows (int8, bfloat16); default: int8, plus bfloat16 where the CPU has it"
+    ),
+) -> None:
+    """Engine throughput vs sentence-transformers and naive padded batches, one corpus, one run."""
+    from embedstream.bench import engine_bench
+
+    rows, facts = engine_bench.run(model, threads, texts, repeats, baselines=not no_baselines, precisions=precision)
+    engine_bench.print_table(rows, facts)
+
+
+@app.command("pipeline")
+def bench_pipeline(
+    docs: int = typer.Option(300, help="Sample documents in each bulk backlog"),
+    queries: int = typer.Option(200, help="Round trips measured idle and under backlog"),
+    port: int = typer.Option(9092, help="Local broker port"),
+    online_threads: int = typer.Option(1, help="torch threads of the online worker process"),
+    online_precision: str = typer.Option("fast", help="Precision of the online worker (auto: exact float32 on CPU)"),
+    bulk_nice: int = typer.Option(10, help="CPU niceness of the bulk worker process (0: same priority)"),
+    warmup: int = typer.Option(150, help="Round trips before measuring (fresh topics and clients warm up)"),
+    rounds: int = typer.Option(3, help="Throughput rounds (engine alone, then end to end); the ratio is their median"),
+) -> None:
+    """Bulk chunks/s Kafka -> Qdrant vs the engine alone; query round trips idle and under backlog."""
+    from embedstream.bench import pipeline_bench
+
+    logs.configure(level="WARNING")
+    pipeline_bench.print_table(pipeline_bench.run(docs, queries, port, online_threads, bulk_nice, warmup, rounds,
+                                                  online_precision))
+
+
+@app.command("stall")
+def bench_stall(
+    mode: list[str] = typer.Option(["fail", "block"], help="fail (writes raise) | block (writes hang); repeat for both"),
+    chunks: int = typer.Option(20000, help="Chunks in the bulk backlog"),
+    words: int = typer.Option(60, help="Words per chunk (about 80 tokens)"),
+    warmup: float = typer.Option(8.0, help="Seconds of normal draining before the stall"),
+    stall: float = typer.Option(30.0, help="Seconds the sink stalls"),
+    recover: float = typer.Option(10.0, help="Seconds sampled after the sink recovers"),
+    port: int = typer.Option(9092, help="Local broker port (started if not running)"),
+) -> None:
+    """Memory under a stalled sink: RSS, queued tokens, paused consumer, committed offsets, every second."""
+    from embedstream.bench import stall_bench
+
+    bad = [m for m in mode if m not in stall_bench.MODES]
+    if bad:
+        raise typer.BadParameter(f"mode must be one of {stall_bench.MODES}, got {bad}")
+    logs.configure(level="ERROR")
+    stall_bench.print_results(stall_bench.run(mode, port, chunks, words, warmup, stall, recover))
+
+
+@app.command("rerank")
+def bench_rerank(
+    model: Optional[str] = typer.Option(None, help="Cross-encoder (default: a MiniLM-sized one built once into the cache)"),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default: all cores)"),
+    requests: int = typer.Option(4, help="Rerank requests timed per method"),
+    candidates: int = typer.Option(50, help="Candidates per request"),
+    tokens: int = typer.Option(256, help="Mean passage length in tokens"),
+    spread: int = typer.Option(64, help="Passage lengths vary by up to this many tokens either way"),
+    no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip sentence-transformers"),
+    no_search: bool = typer.Option(False, "--no-search", help="Skip the full search path"),
+    search_chunks: int = typer.Option(250, help="Real chunks indexed for the search path"),
+    search_queries: int = typer.Option(8, help="Searches timed"),
+    top_k: int = typer.Option(30, help="Search: chunks retrieved then reranked"),
+    top_n: int = typer.Option(10, help="Search: hits kept"),
+    store: str = typer.Option("memory", help="memory (qdrant-client :memory:) or edge (embedded qdrant-edge in a temp dir)"),
+    chunk_tokens: int = typer.Option(128, help="Search: target tokens per indexed chunk"),
+) -> None:
+    """Cross-encoder pairs/s and request p50/p95 vs sentence-transformers, then the in-process search path by stage."""
+    from embedstream.bench import rerank_bench
+
+    logs.configure(level="WARNING")
+    if store not in ("memory", "edge"):
+        raise typer.BadParameter("store must be memory or edge")
+    result = rerank_bench.run(model, threads, requests, candidates, tokens, spread, not no_baseline, not no_search,
+                              search_chunks=search_chunks, search_queries=search_queries, top_k=top_k, top_n=top_n,
+                              store=store, chunk_tokens=chunk_tokens)
+    rerank_bench.print_table(result)
+
+
+@app.command("quality")
+def bench_quality(
+    model: str = typer.Option("all-MiniLM-L6-v2", help="Embedding model (registry name or folder)"),
+    queries: int = typer.Option(200, help="Held-out paragraphs used as queries"),
+    k: int = typer.Option(10, help="recall@k"),
+    rescore: int = typer.Option(4, help="Rescoring pass: k x this many candidates rescored on float32"),
+    threads: Optional[int] = typer.Option(None, help="torch threads for the (cached) embedding run"),
+) -> None:
+    """recall@k of float16 / int8 / uint8-as-stored / binary vs exact float32 on ≥10k real chunks, with and without rescoring."""
+    from embedstream.bench import quality_bench
+
+    logs.configure(level="WARNING")
+    quality_bench.print_table(quality_bench.run(model, queries, k, rescore, threads))
