@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from embedstream import logs
+from embedstream.commands.options import BROKER_PORT, BrokerPort
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks that print side-by-side tables.")
 
@@ -36,7 +37,7 @@ def bench_engine(
 def bench_pipeline(
     docs: int = typer.Option(300, help="Sample documents in each bulk backlog"),
     queries: int = typer.Option(200, help="Round trips measured idle and under backlog"),
-    port: int = typer.Option(9092, help="Local broker port"),
+    port: BrokerPort = BROKER_PORT,
     online_threads: int = typer.Option(1, help="torch threads of the online worker process"),
     online_precision: str = typer.Option("fast", help="Precision of the online worker (auto: exact float32 on CPU)"),
     bulk_nice: int = typer.Option(10, help="CPU niceness of the bulk worker process (0: same priority)"),
@@ -59,7 +60,7 @@ def bench_stall(
     warmup: float = typer.Option(8.0, help="Seconds of normal draining before the stall"),
     stall: float = typer.Option(30.0, help="Seconds the sink stalls"),
     recover: float = typer.Option(10.0, help="Seconds sampled after the sink recovers"),
-    port: int = typer.Option(9092, help="Local broker port (started if not running)"),
+    port: BrokerPort = BROKER_PORT,
 ) -> None:
     """Memory under a stalled sink: RSS, queued tokens, paused consumer, committed offsets, every second."""
     from embedstream.bench import stall_bench

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
+
+from embedstream.commands.options import BROKER_PORT, BrokerDataDir, BrokerPort
 
 app = typer.Typer(no_args_is_help=True, help="Local development services.")
 kafka_app = typer.Typer(no_args_is_help=True, help="The local single-node Apache Kafka broker (KRaft).")
@@ -13,7 +14,7 @@ app.add_typer(kafka_app, name="kafka")
 
 
 @kafka_app.command("start")
-def kafka_start(port: int = typer.Option(9092), data_dir: Optional[str] = typer.Option(None)) -> None:
+def kafka_start(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -> None:
     """Resolve the broker jars (once), format KRaft storage (once) and start; returns when it answers."""
     from embedstream import devkafka
 
@@ -22,7 +23,7 @@ def kafka_start(port: int = typer.Option(9092), data_dir: Optional[str] = typer.
 
 
 @kafka_app.command("stop")
-def kafka_stop(port: int = typer.Option(9092), data_dir: Optional[str] = typer.Option(None)) -> None:
+def kafka_stop(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -> None:
     """Stop the local broker (data is kept)."""
     from embedstream import devkafka
 
@@ -30,7 +31,7 @@ def kafka_stop(port: int = typer.Option(9092), data_dir: Optional[str] = typer.O
 
 
 @kafka_app.command("status")
-def kafka_status(port: int = typer.Option(9092), data_dir: Optional[str] = typer.Option(None)) -> None:
+def kafka_status(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -> None:
     """Print the broker's state as JSON; exit 3 when it does not answer."""
     from embedstream import devkafka
 

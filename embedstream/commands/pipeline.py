@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from embedstream import logs
+from embedstream.commands.options import BROKER_PORT, BrokerPort
 from embedstream.config import Settings
 
 app = typer.Typer()
@@ -207,7 +208,7 @@ def reindex(
 @app.command(rich_help_panel=PANEL)
 def demo(
     docs: int = typer.Option(150, help="Sample documents to index"),
-    port: int = typer.Option(9092, help="Local broker port"),
+    port: BrokerPort = BROKER_PORT,
 ) -> None:
     """End to end: local broker, embed worker, bulk indexing with progress, queries by request-reply."""
     from embedstream.demo import run_demo
