@@ -126,3 +126,43 @@ def build_tiny_qwen3(folder: Path, seed: int = 0) -> Path:
     Qwen3Model(config).eval().save_pretrained(folder)
     _write_st_files(folder, 32, "last_token", 256)
     return folder
+
+
+def build_tiny_st_pipeline(
+    folder: Path, dense: list[tuple[int, bool, str]], pooling: str = "mean", include_prompt: bool = True,
+    normalize: bool = True, seed: int = 0,
+) -> Path:
+    """A tiny BERT with a sentence-transformers module pipeline saved by ``SentenceTransformer.save``:
+    Transformer -> Pooling -> one Dense per ``(out_features, bias, activation class name in torch.nn)``
+    -> Normalize. LaBSE and distiluse ship Dense layers like these."""
+    from sentence_transformers import SentenceTransformer, models
+
+    encoder = build_tiny_bert(folder.parent / f"{folder.name}-encoder", pooling=pooling, seed=seed)
+    torch.manual_seed(seed + 1)
+    modules = [models.Transformer(str(encoder)), models.Pooling(32, pooling_mode=pooling.replace("_", ""),
+                                                                include_prompt=include_prompt)]
+    size = 32
+    for out_features, bias, activation in dense:
+        layer = models.Dense(size, out_features, bias=bias, activation_function=getattr(torch.nn, activation)())
+        torch.nn.init.normal_(layer.linear.weight, std=size**-0.5)  # larger than the default: outputs differ visibly
+        modules.append(layer)
+        size = out_features
+    if normalize:
+        modules.append(models.Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+def build_tiny_roberta_cross_encoder(folder: Path, seed: int = 0) -> Path:
+    """A RoBERTa sequence-classification model (one label): its head (dense, tanh, projection on token 0)
+    is a module of its own, unlike BERT's pooler + classifier."""
+    from transformers import BertTokenizerFast, RobertaConfig, RobertaForSequenceClassification
+
+    torch.manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = RobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=130, pad_token_id=0, type_vocab_size=2,
+                           num_labels=1)
+    RobertaForSequenceClassification(config).eval().save_pretrained(folder)
+    BertTokenizerFast(vocab_file=str(MINILM / "vocab.txt"), model_max_length=128).save_pretrained(folder)
+    return folder

@@ -1,8 +1,9 @@
 """The engine facade: requests in, vectors (or scores) out, per-item errors, per-stage timings.
 
 Data flows one way: check + tokenize (``prepare``) -> token-budget batches (batcher) -> packed
-forward (runner) -> pool -> normalise / truncate / quantise (postprocess). Workers call the two
-halves separately so they can batch across Kafka lanes; the CLI calls ``embed``/``score``.
+forward (runner) -> the model's output head (head.py: pool, Dense, normalise, Matryoshka size,
+output form). Workers call the two halves separately so they can batch across Kafka lanes; the CLI
+calls ``embed``/``score``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from embedstream.config import EngineSettings, Settings
-from embedstream.engine import postprocess
 from embedstream.engine.batcher import BatchLimits, pack
 from embedstream.engine.errors import EngineError
+from embedstream.engine.head import EmbeddingHead
 from embedstream.engine.model_spec import ModelSpec, resolve_model
 from embedstream.engine.packed import pack_sequences
+from embedstream.engine.postprocess import Quantized
 from embedstream.engine.runner import ForwardTimings, ModelRunner
 from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer
 
@@ -53,7 +55,7 @@ class Prepared:
 @dataclass
 class EmbedResult:
     id: Any
-    vector: postprocess.Quantized | None = None
+    vector: Quantized | None = None
     full: np.ndarray | None = None  # the normalised full-size float32 vector (for sinks)
     tokens: int = 0
     truncated: bool = False
@@ -111,7 +113,8 @@ class Engine:
         )
         lowercase = bool(_st_lowercase(spec))
         self.tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, lowercase)
-        self.dimensions = self.runner.hidden_size
+        self.head = self.runner.head
+        self.dimensions = self.head.dimensions if isinstance(self.head, EmbeddingHead) else self.runner.hidden_size
         self.max_text_bytes = settings.max_text_bytes
 
     @classmethod
@@ -120,9 +123,8 @@ class Engine:
         return cls(resolve_model(name, settings.models), settings.engine)
 
     # -- embed ---------------------------------------------------------------------------------
-    def _prompted(self, request: EmbedRequest) -> str:
-        prompt = {"query": self.spec.query_prompt, "document": self.spec.document_prompt}.get(request.prompt or "")
-        return f"{prompt}{request.text}" if prompt else request.text
+    def _prompt(self, request: EmbedRequest) -> str | None:
+        return {"query": self.spec.query_prompt, "document": self.spec.document_prompt}.get(request.prompt or "")
 
     def prepare(self, requests: list[EmbedRequest], timings: StageTimings | None = None) -> list[Prepared | EngineError]:
         """Validate and tokenise; a bad request becomes an EngineError in its slot."""
@@ -134,25 +136,27 @@ class Engine:
         for i, req in enumerate(requests):
             try:
                 TextTokenizer.check_text(req.text, max_bytes=self.max_text_bytes)
-                postprocess.check_dimensions(req.dimensions, self.spec.matryoshka_dims, self.dimensions, self.spec.name)
-                postprocess.check_dtype(req.dtype)
+                self.head.check(req.dimensions, req.dtype)
                 todo.append(i)
             except EngineError as err:
                 out[i] = err
-        texts = [self._prompted(requests[i]) for i in todo]
+        prompts = [self._prompt(requests[i]) for i in todo]
+        texts = [f"{prompt}{requests[i].text}" if prompt else requests[i].text for i, prompt in zip(todo, prompts)]
         truncate = [requests[i].truncate if requests[i].truncate is not None else self.spec.truncate for i in todo]
-        for i, tok in zip(todo, self.tokenizer.encode_many(texts, truncate)):
+        for i, prompt, tok in zip(todo, prompts, self.tokenizer.encode_many(texts, truncate)):
             if isinstance(tok, EngineError):
                 out[i] = tok
-            else:
-                norm = requests[i].normalize if requests[i].normalize is not None else self.spec.normalize
-                out[i] = Prepared(requests[i], tok, norm)
+                continue
+            if prompt and not self.spec.include_prompt:
+                tok.prompt_tokens = self.tokenizer.prompt_tokens(prompt)
+            norm = requests[i].normalize if requests[i].normalize is not None else self.spec.normalize
+            out[i] = Prepared(requests[i], tok, norm)
         if timings is not None:
             timings.tokenize_ms += (time.perf_counter() - start) * 1000
         return out  # type: ignore[return-value]
 
     def forward(self, items: list[Prepared], timings: StageTimings) -> np.ndarray:
-        """One packed forward pass over items that fit one batch; float32 [N, H] in item order."""
+        """One packed forward pass over items that fit one batch; float32 [N, D] in item order."""
         batch = pack_sequences([p.tokens for p in items])
         ft = ForwardTimings()
         pooled = self.runner.embed(batch, ft).numpy()
@@ -162,9 +166,7 @@ class Engine:
         timings.batches += 1
         timings.tokens += batch.total_tokens
         start = time.perf_counter()
-        norm_rows = [i for i, p in enumerate(items) if p.normalize]
-        if norm_rows:
-            vectors[norm_rows] = postprocess.l2_normalize(vectors[norm_rows])
+        self.head.normalize(vectors, [p.normalize for p in items])
         timings.pool_ms += ft.pool_ms + (time.perf_counter() - start) * 1000
         return vectors
 
@@ -186,9 +188,9 @@ class Engine:
     def finish(self, item: Prepared, vector: np.ndarray) -> EmbedResult:
         """Apply the request's dimensions and dtype to its full vector."""
         req: EmbedRequest = item.request
-        cut = postprocess.truncate(vector, req.dimensions, item.normalize)
         return EmbedResult(
-            req.id, postprocess.quantize(cut, req.dtype), vector, len(item.tokens), item.tokens.truncated
+            req.id, self.head.output(vector, req.dimensions, req.dtype, item.normalize), vector, len(item.tokens),
+            item.tokens.truncated,
         )
 
     def embed(self, requests: list[EmbedRequest], sort_by_length: bool = True) -> tuple[list[EmbedResult], StageTimings]:

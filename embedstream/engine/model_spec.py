@@ -1,8 +1,8 @@
-"""Resolve a model name or folder into a ModelSpec: path, kind, pooling, limits, prompts.
+"""Resolve a model name or folder into a ModelSpec: path, kind, output head, limits, prompts.
 
-Precedence: explicit registry values > sentence-transformers files in the folder (modules.json,
-1_Pooling/config.json, sentence_bert_config.json, config_sentence_transformers.json) > the
-Hugging Face config (architecture-based defaults).
+Precedence: explicit registry values > sentence-transformers files in the folder (the module
+pipeline of modules.json, read by :mod:`embedstream.engine.st_modules`; sentence_bert_config.json,
+config_sentence_transformers.json) > the Hugging Face config (architecture-based defaults).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from embedstream.config import ModelConfig, Pooling
 from embedstream.engine.errors import ConfigError, UnknownModelError
+from embedstream.engine.st_modules import DenseSpec, check_dense_chain, read_pipeline
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,14 @@ class ModelSpec:
     """Everything the engine needs to know about a model before loading weights."""
 
     name: str
-    path: Path
+    path: Path  # the encoder's folder (weights, tokenizer)
     kind: str  # "embed" | "rerank"
     pooling: Pooling
     normalize: bool
     max_tokens: int
+    dimensions: int = 0  # output size: the last Dense layer's, else the encoder's hidden size
+    include_prompt: bool = True  # False: prompt tokens are left out of mean pooling
+    dense: tuple[DenseSpec, ...] = ()
     matryoshka_dims: tuple[int, ...] = ()
     query_prompt: str | None = None
     document_prompt: str | None = None
@@ -54,31 +58,6 @@ def _read_json(path: Path) -> dict | list | None:
     if path.is_file():
         return json.loads(path.read_text())
     return None
-
-
-def _st_pooling(folder: Path) -> tuple[Pooling | None, bool | None]:
-    """Pooling mode and normalisation from the sentence-transformers module list."""
-    modules = _read_json(folder / "modules.json")
-    if not isinstance(modules, list):
-        return None, None
-    pooling: Pooling | None = None
-    normalize = False
-    for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind == "Normalize":
-            normalize = True
-        elif kind == "Pooling":
-            cfg = _read_json(folder / module.get("path", "") / "config.json") or {}
-            if cfg.get("pooling_mode_cls_token"):
-                pooling = "cls"
-            elif cfg.get("pooling_mode_lasttoken"):
-                pooling = "last_token"
-            elif cfg.get("pooling_mode_mean_tokens"):
-                pooling = "mean"
-            else:
-                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
-                raise ConfigError(f"{folder}: unsupported pooling {modes}; embedstream supports cls, mean, last_token")
-    return pooling, normalize
 
 
 def _default_max_tokens(folder: Path, hf: dict) -> int:
@@ -114,27 +93,35 @@ def _default_pooling(hf: dict) -> Pooling:
 def build_spec(name: str, cfg: ModelConfig) -> ModelSpec:
     """Combine a registry entry with the folder's own files into a ModelSpec."""
     folder = resolve_path(cfg.path)
-    hf = _read_json(folder / "config.json")
+    pipeline = read_pipeline(folder)
+    encoder = folder / pipeline.transformer_path if pipeline else folder
+    hf = _read_json(encoder / "config.json")
     if not isinstance(hf, dict):
-        raise ConfigError(f"model {name!r}: {folder} has no config.json (not a Hugging Face model folder)")
-    st_pooling, st_normalize = _st_pooling(folder)
+        raise ConfigError(f"model {name!r}: {encoder} has no config.json (not a Hugging Face model folder)")
     archs = hf.get("architectures") or []
     kind = cfg.kind
-    if kind == "embed" and any(a.endswith("ForSequenceClassification") for a in archs) and st_pooling is None:
+    if kind == "embed" and any(a.endswith("ForSequenceClassification") for a in archs) and pipeline is None:
         kind = "rerank"
     st_prompts = (_read_json(folder / "config_sentence_transformers.json") or {}).get("prompts") or {}
-    max_tokens = cfg.max_tokens or _default_max_tokens(folder, hf)
+    max_tokens = cfg.max_tokens or _default_max_tokens(encoder, hf)
     dims = tuple(sorted(set(cfg.matryoshka_dims), reverse=True))
-    hidden = int(hf.get("hidden_size", 0))
-    if hidden and any(d < 1 or d > hidden for d in dims):
-        raise ConfigError(f"model {name!r}: matryoshka_dims {list(dims)} must lie in 1..{hidden}")
+    dense = pipeline.dense if pipeline and kind == "embed" else ()
+    hidden = _hidden_size(hf)
+    if not hidden and (dense or dims):
+        raise ConfigError(f"model {name!r}: config.json has no hidden_size")
+    size = check_dense_chain(name, hidden, dense)
+    if any(d < 1 or d > size for d in dims):
+        raise ConfigError(f"model {name!r}: matryoshka_dims {list(dims)} must lie in 1..{size}")
     return ModelSpec(
         name=name,
-        path=folder,
+        path=encoder,
         kind=kind,
-        pooling=cfg.pooling or st_pooling or _default_pooling(hf),
-        normalize=cfg.normalize if cfg.normalize is not None else (st_normalize if st_normalize is not None else True),
+        pooling=cfg.pooling or (pipeline.pooling if pipeline else None) or _default_pooling(hf),
+        normalize=cfg.normalize if cfg.normalize is not None else (pipeline.normalize if pipeline else True),
         max_tokens=max_tokens,
+        dimensions=size,
+        include_prompt=pipeline.include_prompt if pipeline else True,
+        dense=dense,
         matryoshka_dims=dims,
         query_prompt=cfg.query_prompt if cfg.query_prompt is not None else st_prompts.get("query"),
         document_prompt=cfg.document_prompt if cfg.document_prompt is not None else st_prompts.get("document"),
@@ -155,10 +142,13 @@ def resolve_model(name: str, registry: dict[str, ModelConfig]) -> ModelSpec:
     raise UnknownModelError(name, list(registry))
 
 
+def _hidden_size(hf: dict) -> int:
+    """The encoder's width as config.json spells it (0 when it does not say)."""
+    return int(next((hf[key] for key in ("hidden_size", "d_model", "dim", "n_embd") if hf.get(key)), 0))
+
+
 def output_dimensions(spec: ModelSpec) -> int:
-    """Embedding size of a model, read from its config (no weights loaded): sizes a collection."""
-    hf = _read_json(spec.path / "config.json") or {}
-    size = int(hf.get("hidden_size") or hf.get("d_model") or 0)
-    if size < 1:
+    """Embedding size of a model (after its Dense layers), known without loading weights: sizes a collection."""
+    if spec.dimensions < 1:
         raise ConfigError(f"model {spec.name!r}: config.json has no hidden_size")
-    return size
+    return spec.dimensions

@@ -23,6 +23,7 @@ class PackedBatch:
     lengths: list[int]  # per packed sequence
     groups: list[tuple[int, int, int]]  # (first token, sequence count, length) of each equal-length run
     order: list[int]  # order[k] = caller index of packed sequence k
+    prompt_tokens: list[int] | None = None  # per packed sequence, only when some prompt is left out of pooling
 
     @property
     def total_tokens(self) -> int:
@@ -41,6 +42,7 @@ class PackedBatch:
             self.lengths,
             self.groups,
             self.order,
+            self.prompt_tokens,
         )
 
 
@@ -77,4 +79,5 @@ def pack_sequences(items: list[Tokenized]) -> PackedBatch:
         lengths=lengths,
         groups=groups,
         order=order,
+        prompt_tokens=[items[i].prompt_tokens for i in order] if any(item.prompt_tokens for item in items) else None,
     )

@@ -1,7 +1,8 @@
-"""After pooling: L2 normalisation, Matryoshka truncation and output quantisation.
+"""Output forms of an embedding: the request checks and the quantisers the output head ends with.
 
-Order matters and follows how MRL models are used: normalise the full vector, truncate to the
-requested size, renormalise, then quantise.
+The order of the head's steps is :mod:`embedstream.engine.head`'s; normalisation, Matryoshka
+truncation and the int8 codec are the stored-vector layout's (:mod:`embedstream.vectors`), named
+here too for callers of the output forms (``l2_normalize``, ``truncate``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ from typing import Literal
 import numpy as np
 
 from embedstream.engine.errors import EngineError
+from embedstream.vectors import int8_decode, int8_encode, l2_normalize
+from embedstream.vectors import matryoshka_cut as truncate
+
+__all__ = [
+    "OUTPUT_DTYPES", "OutputDType", "Quantized", "check_dimensions", "check_dtype", "dequantize", "l2_normalize",
+    "quantize", "truncate",
+]
 
 OutputDType = Literal["float32", "float16", "int8", "binary"]
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "int8", "binary")
@@ -27,11 +35,6 @@ class Quantized:
 
     def to_list(self) -> list:
         return self.values.tolist()
-
-
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
 
 
 def check_dimensions(dimensions: int | None, matryoshka_dims: tuple[int, ...], full: int, model: str) -> None:
@@ -59,13 +62,6 @@ def check_dtype(dtype: object) -> str:
     return dtype  # type: ignore[return-value]
 
 
-def truncate(vector: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
-    if dimensions is None or dimensions >= vector.shape[-1]:
-        return vector
-    cut = vector[..., :dimensions]
-    return l2_normalize(cut[None])[0] if normalize else cut
-
-
 def quantize(vector: np.ndarray, dtype: str) -> Quantized:
     """float16 cast; int8 symmetric with a per-vector scale; binary as packed sign bits (MSB first)."""
     if dtype == "float32":
@@ -73,9 +69,8 @@ def quantize(vector: np.ndarray, dtype: str) -> Quantized:
     if dtype == "float16":
         return Quantized(vector.astype(np.float16), dtype)
     if dtype == "int8":
-        peak = float(np.max(np.abs(vector)))
-        scale = peak / 127.0 if peak > 0 else 1.0
-        return Quantized(np.clip(np.rint(vector / scale), -127, 127).astype(np.int8), dtype, scale)
+        codes, scale = int8_encode(vector)
+        return Quantized(codes, dtype, scale)
     if dtype == "binary":
         return Quantized(np.packbits(vector > 0), dtype)
     raise EngineError("bad_dtype", f"unknown dtype {dtype!r}")
@@ -84,7 +79,7 @@ def quantize(vector: np.ndarray, dtype: str) -> Quantized:
 def dequantize(q: Quantized) -> np.ndarray:
     """Back to float32 (int8 via its scale, binary as +/-1), e.g. for rescoring checks."""
     if q.dtype == "int8":
-        return q.values.astype(np.float32) * float(q.scale or 1.0)
+        return int8_decode(q.values, q.scale)
     if q.dtype == "binary":
         return np.where(np.unpackbits(q.values) > 0, 1.0, -1.0).astype(np.float32)
     return q.values.astype(np.float32)

@@ -2,7 +2,9 @@
 
 Paths, best first: packed BERT-family or packed decoder (no padding FLOPs; flash-attn varlen in
 bf16 on CUDA, grouped SDPA in fp32 on CPU), then a padded Hugging Face forward for anything else.
-``describe()`` says which path runs, so logs and benchmarks can never hide a fallback.
+``describe()`` says which path runs, so logs and benchmarks can never hide a fallback. The hidden
+states go through the model's head: :class:`~embedstream.engine.head.EmbeddingHead` (pooling,
+Dense, ...) for embedders, :class:`~embedstream.engine.score_head.ScoreHead` for cross-encoders.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from embedstream.engine import pooling
 from embedstream.engine.attention import attention_kernel_name
 from embedstream.engine.backends import bert, decoder
-from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16
 from embedstream.engine.backends.hf_padded import PaddedHFEncoder
+from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16
 from embedstream.engine.errors import ConfigError
+from embedstream.engine.head import EmbeddingHead
 from embedstream.engine.model_spec import ModelSpec
 from embedstream.engine.packed import PackedBatch
+from embedstream.engine.score_head import ScoreHead
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -87,6 +90,10 @@ class ModelRunner:
         base = getattr(model, model.base_model_prefix, model) if spec.kind == "rerank" else model
         self.hidden_size = int(config.hidden_size)
         self.encoder, self.path = self._choose(base, config, backend)
+        if spec.kind == "rerank":
+            self.head = ScoreHead(model, self.head_reads, spec.activation, spec.name)
+        else:
+            self.head = EmbeddingHead(spec, self.hidden_size, self.device)
 
     def _choose(self, base, config, backend: str):
         reasons = []
@@ -100,6 +107,7 @@ class ModelRunner:
                         reasons.append(f"{cls.__name__}: {exc}")
                         continue
                     name = family.__name__.rsplit(".", 1)[-1]
+                    self.head_reads = family.HEAD_READS
                     kernel = attention_kernel_name(self.device, self.dtype)
                     return encoder, f"packed-{name}/{self.device.type}/{kernel}/{self._precision_label()}"
                 reasons.append(reason)
@@ -110,6 +118,7 @@ class ModelRunner:
             raise ConfigError(f"precision=int8 needs the packed path, which {self.spec.name} cannot use: {why}")
         left = self.spec.pooling == "last_token"
         encoder = PaddedHFEncoder(base, config, config.pad_token_id, left_padding=left)
+        self.head_reads = "all"  # an unknown architecture's head may read any token
         self.fallback_reason = "; ".join(reasons)
         return encoder, f"hf-padded/{self.device.type}/{self._precision_label()}"
 
@@ -129,34 +138,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def embed(self, batch: PackedBatch, timings: ForwardTimings) -> torch.Tensor:
-        """Pooled float32 vectors [B, H] in packed order (batch.order maps back to callers)."""
+        """Pooled (and projected) float32 vectors [B, D] in packed order (batch.order maps back to callers)."""
         start = time.perf_counter()
         hidden = self._hidden(batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         mid = time.perf_counter()
-        pooled = pooling.pool(hidden, batch, self.spec.pooling).float().cpu()
+        vectors = self.head.project(hidden, batch)
         timings.forward_ms += (mid - start) * 1000
         timings.pool_ms += (time.perf_counter() - mid) * 1000
-        return pooled
+        return vectors
 
     @torch.inference_mode()
     def score(self, batch: PackedBatch, timings: ForwardTimings) -> torch.Tensor:
-        """Cross-encoder relevance [B] in packed order: the model's head on the first token."""
+        """Cross-encoder relevance [B] in packed order, through the model's own head."""
         start = time.perf_counter()
-        hidden = self._hidden(batch)
-        cls = pooling.pool(hidden, batch, "cls").unsqueeze(1)  # heads expect [B, L, H] and read [:, 0]
-        model = self.model
-        if getattr(model, "bert", None) is not None and hasattr(model.bert, "pooler") and model.bert.pooler is not None:
-            logits = model.classifier(model.bert.pooler(cls))
-        else:
-            logits = model.classifier(cls)
-        logits = logits.float()
-        if logits.shape[-1] != 1:
-            raise ConfigError(f"{self.spec.name}: reranker heads must have one label, found {logits.shape[-1]}")
-        scores = logits[:, 0]
-        if self.spec.activation == "sigmoid":
-            scores = torch.sigmoid(scores)
+        scores = self.head(self._hidden(batch), batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         timings.forward_ms += (time.perf_counter() - start) * 1000

@@ -21,6 +21,7 @@ class Tokenized:
     ids: list[int]
     type_ids: list[int]
     truncated: bool = False
+    prompt_tokens: int = 0  # leading tokens that belong to the prompt (pooled only if the model includes them)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -55,6 +56,19 @@ class TextTokenizer:
         processor = tokenizer.post_processor
         self.special_single = processor.num_special_tokens_to_add(False) if processor else 0
         self.special_pair = processor.num_special_tokens_to_add(True) if processor else 0
+        self._special_ids = {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+        self._prompt_tokens: dict[str, int] = {}
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """How many leading tokens of a prompted text are the prompt, counted as sentence-transformers
+        counts them for ``include_prompt=False``: the prompt tokenised alone with its special tokens,
+        less a trailing special one (BERT: ``[CLS]`` and the prompt's words, not ``[SEP]``)."""
+        count = self._prompt_tokens.get(prompt)
+        if count is None:
+            ids = self.tokenizer.encode(prompt.lower() if self.lowercase else prompt).ids
+            count = len(ids) - (1 if ids and ids[-1] in self._special_ids else 0)
+            self._prompt_tokens[prompt] = count
+        return count
 
     @staticmethod
     def check_text(text: object, field: str = "text", max_bytes: int | None = None) -> str:

@@ -19,6 +19,7 @@ from embedstream.engine.packed import PackedBatch
 
 ROW_BLOCK = 1024  # tokens per dense tile (bench: 1,024 beat 256 and untiled at 1 and 2 threads)
 SUPPORTED_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "camembert"}
+HEAD_READS = "first"  # their classification heads (BERT's pooler, RoBERTa's head) read token 0 only
 _ACTIVATIONS = {  # config.hidden_act -> the fused epilogue's name (linear.ACTIVATIONS)
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",

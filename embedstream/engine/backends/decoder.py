@@ -18,6 +18,7 @@ from embedstream.engine.backends.linear import make_linear
 from embedstream.engine.packed import PackedBatch
 
 SUPPORTED_MODEL_TYPES = {"qwen3", "qwen2", "llama", "mistral"}
+HEAD_READS = "last"  # sequence-classification heads read the last token (the one that saw everything)
 
 
 def supports(config) -> str | None:
