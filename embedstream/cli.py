@@ -17,6 +17,7 @@ from __future__ import annotations
 import typer
 
 from embedstream.commands import bench, dev, engine, pipeline, schemas, worker
+from embedstream.errors import CodedError
 from embedstream.plan.command import plan_command
 
 SERVICES = "Services (run until SIGTERM)"
@@ -55,7 +56,13 @@ _register_gateway()
 
 
 def main() -> None:
-    app()
+    """Run the CLI. A CodedError that reaches here is a refusal the user can act on (an unknown model, a
+    configuration that cannot work, a store that is locked): one line and exit 2, not a traceback."""
+    try:
+        app()
+    except CodedError as exc:
+        typer.echo(f"error: {exc.message} ({exc.code})", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -87,3 +87,11 @@ def test_plan_is_wired_and_reports_bad_input_with_exit_2():
     assert ok.exit_code == 0 and "88.9 h on 1 device, 11.1 h on 8 devices" in ok.output
     bad = _invoke("plan", "--chunks", "10")
     assert bad.exit_code == 2 and "--tokens" in bad.output
+
+
+def test_a_coded_error_ends_the_command_as_one_line_and_exit_2():
+    result = subprocess.run([sys.executable, "-m", "embedstream.cli", "embed", "--model", "no-such-model-anywhere"],
+                            input='{"id": 1, "text": "hi"}\n', capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown model 'no-such-model-anywhere'")
+    assert "(unknown_model)" in result.stderr and "Traceback" not in result.stderr
