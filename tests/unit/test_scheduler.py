@@ -1,0 +1,99 @@
+"""The embed worker's batch formation, with no broker: online first, bulk fills, bulk sliced, deletes in place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from embedstream.engine.batcher import BatchLimits
+from embedstream.workers.scheduler import Scheduler, WorkQueue
+
+
+@dataclass
+class Item:
+    name: str
+    tokens: int
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def queue(*items: Item) -> WorkQueue:
+    q: WorkQueue = WorkQueue()
+    for item in items:
+        q.push(item)
+    return q
+
+
+def names(batch) -> list[str]:
+    return [item.name for item in batch]
+
+
+def scheduler(clock=None, max_tokens=100, max_requests=8, slice_tokens=20, quiet_s=1.0) -> Scheduler:
+    return Scheduler(BatchLimits(max_tokens, max_requests), slice_tokens, quiet_s, clock or Clock())
+
+
+def test_online_is_taken_first_and_bulk_fills_only_the_leftover_budget():
+    online = queue(Item("q1", 30), Item("q2", 30))
+    bulk = queue(Item("b1", 30), Item("b2", 30), Item("b3", 5))
+    batch = scheduler().next_batch(online, bulk)
+    assert names(batch) == ["q1", "q2", "b1"]  # 90 of 100 tokens: b2 (30) does not fit, FIFO stops there
+    assert sum(i.tokens for i in batch) <= 100
+    assert names(bulk) == ["b2", "b3"] and bulk.tokens == 35 and online.tokens == 0
+
+
+def test_bulk_fills_by_the_sequence_budget_too():
+    online = queue(*(Item(f"q{i}", 1) for i in range(6)))
+    bulk = queue(*(Item(f"b{i}", 1) for i in range(6)))
+    batch = scheduler(max_requests=8).next_batch(online, bulk)
+    assert names(batch) == [f"q{i}" for i in range(6)] + ["b0", "b1"]
+
+
+def test_online_over_the_budget_runs_first_and_bulk_takes_the_rest_of_that_pass():
+    online = queue(Item("q1", 60), Item("q2", 60))
+    bulk = queue(Item("b1", 1), Item("b2", 50))
+    s = scheduler()
+    assert names(s.next_batch(online, bulk)) == ["q1", "b1"]  # q2 would exceed 100; b1 fits the 40 left
+    assert names(s.next_batch(online, bulk)) == ["q2"]  # b2 (50) does not fit beside q2
+
+
+def test_bulk_is_capped_at_the_slice_while_online_is_recent_and_not_after():
+    clock = Clock()
+    s = scheduler(clock, slice_tokens=20, quiet_s=1.0)
+    bulk = queue(*(Item(f"b{i}", 10) for i in range(10)))
+    online = queue()
+    s.online_arrived()
+    assert names(s.next_batch(online, bulk)) == ["b0", "b1"]  # 20-token slice
+    clock.now += 0.5
+    assert names(s.next_batch(online, bulk)) == ["b2", "b3"]  # still recent
+    clock.now += 0.6  # 1.1 s after the last online record: quiet
+    assert names(s.next_batch(online, bulk)) == [f"b{i}" for i in range(4, 10)]  # whole budget
+
+
+def test_bulk_alone_is_never_sliced_and_an_oversized_item_runs_alone():
+    s = scheduler(slice_tokens=20)
+    bulk = queue(Item("b1", 50), Item("b2", 50), Item("b3", 1))
+    assert names(s.next_batch(None, bulk)) == ["b1", "b2"]  # no online lane: full budget
+    clock = Clock()
+    s = scheduler(clock, slice_tokens=20)
+    s.online_arrived()
+    big = queue(Item("big", 80), Item("b", 1))
+    assert names(s.next_batch(queue(), big)) == ["big"]  # over the slice: still runs, alone
+
+
+def test_deletes_keep_their_log_position_relative_to_chunks():
+    bulk = queue(Item("c1", 30), Item("del-doc1", 0), Item("c2", 30), Item("del-doc2", 0), Item("c3", 50))
+    batch = scheduler().next_batch(None, bulk)
+    assert names(batch) == ["c1", "del-doc1", "c2", "del-doc2"]  # c3 does not fit; nothing jumps the queue
+    assert names(scheduler().next_batch(None, bulk)) == ["c3"]
+
+
+def test_work_queue_keeps_its_token_count():
+    q = queue(Item("a", 3), Item("b", 4), Item("c", 5))
+    q.keep(lambda item: item.name != "b")
+    assert names(q) == ["a", "c"] and q.tokens == 8 and q.oldest.name == "a"
+    assert names(q.take(5)) == ["a", "c"] and q.tokens == 0 and not q
