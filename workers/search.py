@@ -26,8 +26,8 @@ import numpy as np
 
 from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreResult
 from embedstream.engine.errors import EngineError
+from embedstream.errors import CodedError
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
-from embedstream.schemas.events import ErrorInfo
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
 from embedstream.vectors import FULL, l2_normalize, matryoshka_cut, parse_mrl_name, query_form, uint8_decode
 
@@ -37,16 +37,8 @@ _HIDDEN_PAYLOAD = ("text", "doc_id", "chunk_id")
 _SPEC_TTL_S = 10.0
 
 
-class SearchError(Exception):
-    """A search that cannot be served; ``code`` goes into the error reply."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-    def to_error_info(self) -> ErrorInfo:
-        return ErrorInfo(code=self.code, message=self.message)
+class SearchError(CodedError):
+    """A search that cannot be served; ``code`` goes into the error reply (``to_error_info``)."""
 
 
 def engine_embedder(engine: Engine) -> Embedder:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+from embedstream.errors import CodedError
 
-class EngineError(Exception):
+
+class EngineError(CodedError):
     """An error with a stable machine-readable code, carried to replies and dead letters."""
 
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
     def to_dict(self) -> dict:
-        return {"code": self.code, "message": self.message}
+        """The result JSON's ``error`` field (the CLI's ``embed``/``score`` output)."""
+        return self.to_info()
 
 
 class ConfigError(EngineError):

@@ -17,6 +17,8 @@ from typing import Any, Literal, Union
 
 import numpy as np
 
+from embedstream.errors import CodedError
+
 Distance = Literal["cosine", "dot", "euclid"]
 Datatype = Literal["float32", "float16", "uint8"]
 Quantization = Literal["scalar", "binary"]
@@ -32,15 +34,23 @@ VectorLike = Union[Sequence[float], np.ndarray]
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-class VectorStoreError(Exception):
-    """Base class, so callers can catch every store failure in one place."""
+class VectorStoreError(CodedError):
+    """Base class, so callers can catch every store failure in one place. Raised with a message
+    alone; each kind has a fixed ``code`` (the project-wide :class:`CodedError` fields)."""
+
+    code = "vector_store_error"
+
+    def __init__(self, message: str = ""):
+        super().__init__(type(self).code, message)
 
 
 class CollectionNotFound(VectorStoreError, KeyError):
     """Name is neither a collection nor an alias."""
 
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else "collection not found"
+    code = "unknown_collection"
+
+    def __init__(self, message: str = "collection not found"):
+        super().__init__(message)
 
 
 class CollectionConfigMismatch(VectorStoreError, ValueError):
@@ -50,9 +60,13 @@ class CollectionConfigMismatch(VectorStoreError, ValueError):
     collection created for another model would corrupt search quietly.
     """
 
+    code = "collection_config_mismatch"
+
 
 class AliasError(VectorStoreError, ValueError):
     """Alias operation is invalid (e.g. alias name clashes with a collection)."""
+
+    code = "alias_error"
 
 
 #: Quantized candidates fetched per result before exact rescoring, per quantization kind. From

@@ -37,7 +37,6 @@ from __future__ import annotations
 import errno
 import functools
 import json
-import logging
 import os
 import shutil
 import threading
@@ -49,6 +48,8 @@ from typing import Any
 
 import numpy as np
 import qdrant_edge as qe
+
+from embedstream import logs
 
 from ._rwlock import RWLock
 from ._util import (
@@ -81,7 +82,7 @@ try:  # POSIX only; elsewhere the owner lock is skipped
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-log = logging.getLogger(__name__)
+log = logs.get("embedstream.vectorstore")
 
 MANIFEST_FORMAT = 1
 _SCROLL_PAGE = 1024
@@ -96,6 +97,8 @@ _DATATYPE = {
 
 class StoreLockedError(VectorStoreError, RuntimeError):
     """Another EdgeStore (this or another process) already owns the root directory."""
+
+    code = "store_locked"
 
 
 def _quantization(kind: str | None) -> Any:
@@ -563,7 +566,7 @@ class EdgeStore(VectorStore):
                     shard.flush()
                     shard.close()
                 except Exception:  # pragma: no cover - best effort on shutdown
-                    log.exception("closing edge shard %s failed", name)
+                    log.exception("closing edge shard failed", shard=name)
             self._shards.clear()
             self._closed = True
             if self._owner_fh is not None:

@@ -8,7 +8,6 @@ searches by brute force, which is fine for tests and tiny setups only.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -39,8 +38,6 @@ from .base import (
     quant_oversampling,
     validate_name,
 )
-
-log = logging.getLogger(__name__)
 
 _DISTANCE_TO_QDRANT = {
     "cosine": models.Distance.COSINE,

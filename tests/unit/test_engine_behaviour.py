@@ -136,3 +136,15 @@ def test_reranker_refuses_embedding_and_vice_versa(minilm_engine, tiny_ce_dir):
 def test_engine_from_name_uses_the_registry():
     engine = Engine.from_name("all-MiniLM-L6-v2")
     assert engine.spec.pooling == "mean" and engine.spec.normalize and engine.spec.max_tokens == 256
+
+
+def test_engine_errors_are_coded_errors():
+    from embedstream.engine.errors import EngineError
+    from embedstream.errors import CodedError
+    from embedstream.workers.search import SearchError
+
+    for error in (EngineError("too_long", "600 tokens"), ConfigError("bad"), UnknownModelError("x", []),
+                  SearchError("empty_query", "query is empty")):
+        assert isinstance(error, CodedError) and str(error) == error.message
+        assert error.to_error_info().code == error.code
+    assert EngineError("too_long", "600 tokens").to_dict() == {"code": "too_long", "message": "600 tokens"}

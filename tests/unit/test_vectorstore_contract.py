@@ -499,3 +499,22 @@ def test_open_store_factory(tmp_path, monkeypatch):
     edge.close()
     with pytest.raises(ValueError):
         open_store("localhost:6333", None, None)
+
+
+def test_store_errors_are_coded_errors_that_keep_their_builtin_bases():
+    import pickle
+
+    from embedstream.errors import CodedError
+    from embedstream.vectorstore import VectorStoreError
+
+    for error, base, code in (
+        (CollectionNotFound("no collection or alias named 'x'"), KeyError, "unknown_collection"),
+        (CollectionConfigMismatch("other size"), ValueError, "collection_config_mismatch"),
+        (AliasError("clash"), ValueError, "alias_error"),
+        (StoreLockedError("owned"), RuntimeError, "store_locked"),
+        (VectorStoreError("closed"), VectorStoreError, "vector_store_error"),
+    ):
+        assert isinstance(error, base) and isinstance(error, CodedError)
+        assert error.code == code and str(error) == error.message
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and (copy.code, copy.message) == (error.code, error.message)
