@@ -56,8 +56,8 @@ def embed(
     """Embed JSON lines {"id", "text"} from stdin; write {"id", "embedding", "tokens"} (or "error") lines."""
     from embedstream.engine.engine import EmbedRequest, Engine
 
-    logs.configure()
     settings = Settings()
+    logs.configure(json=settings.log_json)
     engine = Engine.from_name(model or settings.default_model, settings)
     out = sys.stdout
     for batch in _read_jsonl(sys.stdin, chunk):
@@ -84,8 +84,9 @@ def score(
     """Score JSON lines {"id", "query", "passage"} from stdin with a cross-encoder; write {"id", "score"}."""
     from embedstream.engine.engine import Engine, ScoreRequest
 
-    logs.configure()
-    engine = Engine.from_name(model, Settings())
+    settings = Settings()
+    logs.configure(json=settings.log_json)
+    engine = Engine.from_name(model, settings)
     for batch in _read_jsonl(sys.stdin, chunk):
         replies: list[dict | None] = [_bad_line(n, obj, ("query", "passage")) for n, obj in batch]
         todo = [i for i, r in enumerate(replies) if r is None]

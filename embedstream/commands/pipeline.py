@@ -35,10 +35,10 @@ def produce(
     from embedstream.producers.publisher import ChunkPublisher
     from embedstream.producers.sources import DocumentSource
 
-    logs.configure()
+    settings = Settings()
+    logs.configure(json=settings.log_json)
     if lane not in ("online", "bulk"):
         raise typer.BadParameter("lane must be online or bulk")
-    settings = Settings()
     spec = resolve_model(model or settings.default_model, settings.models)
     chunker = Chunker.for_model(spec, chunk_tokens, overlap)
     source = DocumentSource(path, stdin=sys.stdin.buffer if path == "-" else None)
@@ -65,8 +65,9 @@ def query(
     """Embed one query through Kafka request-reply and print the reply with its stage timings."""
     from embedstream.producers.query_client import QueryClient
 
-    logs.configure()
-    with QueryClient(Settings().kafka) as client:
+    settings = Settings()
+    logs.configure(json=settings.log_json)
+    with QueryClient(settings.kafka) as client:
         reply = client.embed(text, model=model, dimensions=dimensions, dtype=dtype, timeout_s=timeout)
     out = reply.model_dump()
     if reply.embedding is not None:
@@ -117,8 +118,8 @@ def search(
     from embedstream.schemas.events import now_ms
     from embedstream.schemas.rerank import SearchReply, SearchRequest
 
-    logs.configure()
     settings = Settings()
+    logs.configure(json=settings.log_json)
     filters = parse_filters(filter)
     with QueryClient(settings.kafka) as client:
         sent = now_ms()
@@ -170,8 +171,8 @@ def reindex(
     from embedstream.producers.replay import StartPosition
     from embedstream.workers.runtime import open_settings_store, sink_config_from
 
-    logs.configure()
     settings = Settings()
+    logs.configure(json=settings.log_json)
     try:
         position = StartPosition.parse(start)
     except ValueError as exc:

@@ -27,10 +27,10 @@ def worker_embed(
     """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
     from embedstream.workers.runtime import build_embed_worker, run_until_signalled
 
-    logs.configure()
+    settings = Settings()
+    logs.configure(json=settings.log_json)
     if nice:
         os.nice(nice)
-    settings = Settings()
     if threads:
         settings.engine.threads = threads
     chosen = tuple(lane.strip() for lane in lanes.split(",") if lane.strip())
@@ -59,8 +59,8 @@ def worker_rerank(
     """Consume rerank and search requests, score candidates in packed cross-encoder passes, reply; runs until SIGTERM."""
     from embedstream.workers.rerank_worker import RerankOptions, build_rerank_worker, run_until_signalled
 
-    logs.configure()
     settings = Settings()
+    logs.configure(json=settings.log_json)
     if threads:
         settings.engine.threads = threads
     if max_candidates < 1:
@@ -92,7 +92,8 @@ def worker_cdc(
     from embedstream.producers.debezium import CdcConfig
     from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions, run_until_signalled
 
-    logs.configure()
+    settings = Settings()
+    logs.configure(json=settings.log_json)
     if lane not in ("online", "bulk"):
         raise typer.BadParameter("lane must be online or bulk")
     if on_truncate not in ("dead-letter", "ignore"):
@@ -101,7 +102,6 @@ def worker_cdc(
     if not fields:
         raise typer.BadParameter("give at least one text field")
     config = CdcConfig(id_field, fields, tuple(f.strip() for f in metadata_fields.split(",") if f.strip()))
-    settings = Settings()
     spec = resolve_model(model or settings.default_model, settings.models)
     options = CdcOptions(topic, config, lane=lane, collection=collection, on_truncate=on_truncate, group=group)
     bridge = CdcBridge(settings, Chunker.for_model(spec, chunk_tokens, overlap), options)
