@@ -232,6 +232,12 @@ class QueryClient:
             pending.future.cancel()
         return pending is not None
 
+    def prepare(self, topics: list[str]) -> None:
+        """Load the producer's metadata for ``topics`` now: the first send to a topic otherwise blocks on it
+        (up to ``send_block_s``), which an asyncio caller sending on its event loop must never do."""
+        for topic in topics:
+            self._producer.partitions_for(topic)
+
     def healthy(self) -> bool:
         """Open, and its reply reader still running (a dead reader fails every request)."""
         return not self._closed.is_set() and self._failure is None and self._reader.is_alive()

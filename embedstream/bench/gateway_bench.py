@@ -139,7 +139,7 @@ def run(port: int = 9092, requests: int = 300, concurrency: tuple[int, ...] = (1
     from embedstream import devkafka
     from embedstream.bench.pipeline_bench import _env, _wait_ready, _worker  # the same worker processes
     from embedstream.gateway.server import free_port
-    from embedstream.producers.publisher import ensure_topics
+    from embedstream.producers.topics import ensure_topics
 
     info = devkafka.start(port=port)
     prefix = f"benchgw-{uuid.uuid4().hex[:6]}"

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from embedstream import logs
 from embedstream.config import Settings
+from embedstream.engine.errors import EngineError
 from embedstream.engine.model_spec import resolve_model
 from embedstream.gateway import routes_embed, routes_rank
 from embedstream.gateway.config import GatewayOptions
@@ -51,9 +52,15 @@ def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, La
     from embedstream.producers.query_client import QueryClient
 
     k = settings.kafka
-    ensure_topics(k, topics=[k.topic_queries, k.topic_rerank, k.topic_search])
-    monitor = LagMonitor(k, options.lag_interval_s).start()
+    topics = [k.topic_queries, k.topic_rerank, k.topic_search]
+    ensure_topics(k, topics=topics)
     client = QueryClient(k, options.reply_topic)
+    try:
+        client.prepare(topics)
+    except BaseException:
+        client.close()
+        raise
+    monitor = LagMonitor(k, options.lag_interval_s).start()
     admission = Admission(options.max_inflight, options.max_lag, options.retry_after_s, monitor)
     return KafkaLanes(client, admission), monitor
 
@@ -62,8 +69,14 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
     settings = settings or Settings()
     options = options or GatewayOptions()
     spec = resolve_model(options.model or settings.default_model, settings.models)
-    rerank_spec = resolve_model(options.rerank_model, settings.models) if options.rerank_model else None
-    gateway = Gateway(settings, options, spec, rerank_spec)
+    rerank_spec, rerank_problem = None, "this gateway has no reranker configured (--rerank-model)"
+    if options.rerank_model:
+        try:
+            rerank_spec = resolve_model(options.rerank_model, settings.models)
+        except EngineError as err:  # embeddings keep working; rerank routes answer 424 with the reason
+            rerank_problem = f"the reranker {options.rerank_model!r} cannot be used: {err.message}"
+            log.warning("reranker unavailable", model=options.rerank_model, error=err.message)
+    gateway = Gateway(settings, options, spec, rerank_spec, rerank_problem=rerank_problem)
     metrics = GatewayMetrics()
 
     def endpoint(route: str, dialect: Dialect, handler: Callable[..., Awaitable[Response]], boxed: bool = False):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from embedstream.errors import CodedError
 from embedstream.schemas.events import ErrorInfo
 
 Dialect = Literal["openai", "tei", "cohere"]
@@ -30,13 +31,13 @@ _TEI_TYPE = {400: "validation", 404: "validation", 413: "validation", 422: "vali
 _OPENAI_TYPE = {429: "rate_limit_error", 424: "api_error", 503: "api_error", 504: "timeout"}
 
 
-class ApiError(Exception):
+class ApiError(CodedError):
     """A refusal with its HTTP status, a stable code, the offending field (``param``) and an optional retry hint."""
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None,
                  retry_after_s: int | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.param, self.retry_after_s = status, code, message, param, retry_after_s
+        super().__init__(code, message)
+        self.status, self.param, self.retry_after_s = status, param, retry_after_s
 
     @classmethod
     def from_worker(cls, error: ErrorInfo) -> ApiError:

@@ -58,9 +58,9 @@ def slowest(timings: list[dict[str, float]]) -> dict[str, float]:
 
 class Gateway:
     def __init__(self, settings: Settings, options: GatewayOptions, spec: ModelSpec, rerank_spec: ModelSpec | None = None,
-                 lanes: KafkaLanes | None = None):
+                 lanes: KafkaLanes | None = None, rerank_problem: str = "no reranker is configured"):
         self.settings, self.options, self.lanes = settings, options, lanes
-        self.spec, self.rerank_spec = spec, rerank_spec
+        self.spec, self.rerank_spec, self.rerank_problem = spec, rerank_spec, rerank_problem
         self.dimensions = output_dimensions(spec)
         self._tokenizer = None
 
@@ -68,7 +68,7 @@ class Gateway:
     def check_model(self, name: str | None, kind: str = "embed") -> str:
         spec = self.spec if kind == "embed" else self.rerank_spec
         if spec is None:
-            raise ApiError(424, "rerank_unavailable", "this gateway has no reranker configured (--rerank-model)")
+            raise ApiError(424, "rerank_unavailable", self.rerank_problem)
         if name is not None and name != spec.name:
             raise ApiError(404, "model_not_found", f"the model {name!r} does not exist here; this gateway serves "
                            f"{spec.name!r}", param="model")

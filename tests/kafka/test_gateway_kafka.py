@@ -23,7 +23,7 @@ from embedstream.engine.engine import EmbedRequest, ScoreRequest
 from embedstream.engine.postprocess import quantize
 from embedstream.gateway import GatewayOptions
 from embedstream.gateway.server import BackgroundGateway
-from embedstream.producers.publisher import ensure_topics
+from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.vectorstore.factory import open_store
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
