@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from embedstream import logs
-from embedstream import devkafka
+from embedstream import devkafka, logs
 from embedstream.bench.corpus import documents
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
@@ -38,27 +37,35 @@ def run_demo(doc_count: int = 150, port: int = 9092) -> None:
     console.print(f"[bold]1.[/bold] starting Apache Kafka (KRaft) on 127.0.0.1:{port} ...")
     started_here = not devkafka.status(port=port).get("answering")
     info = devkafka.start(port=port)
+    try:  # a broker this run started is stopped however the run ends
+        _run(console, info.bootstrap, doc_count)
+    finally:
+        if started_here:
+            devkafka.stop(port=port)
+
+
+def _run(console: Console, bootstrap: str, doc_count: int) -> None:
     settings = Settings()
-    settings.kafka.bootstrap_servers = info.bootstrap
+    settings.kafka.bootstrap_servers = bootstrap
     settings.qdrant.collection = "demo"
     ensure_topics(settings.kafka, partitions=4)
     console.print("[bold]2.[/bold] loading the model and starting the embed worker (online + bulk lanes) ...")
     engine = Engine.from_name(settings.default_model, settings)
     store = open_settings_store(settings)
-    store.drop("demo")  # a fresh demo collection each run
-    worker = build_embed_worker(settings, ("online", "bulk"), store=store, engine=engine)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    console.print(f"   model {engine.spec.name} via {engine.runner.describe()}; vectors: {type(store).__name__}")
     try:
-        _index(console, settings, engine, store, doc_count)
-        _ask(console, settings, store)
+        store.drop("demo")  # a fresh demo collection each run
+        worker = build_embed_worker(settings, ("online", "bulk"), store=store, engine=engine)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        console.print(f"   model {engine.spec.name} via {engine.runner.describe()}; vectors: {type(store).__name__}")
+        try:
+            _index(console, settings, engine, store, doc_count)
+            _ask(console, settings, store)
+        finally:
+            worker.stop()
+            thread.join(30)
     finally:
-        worker.stop()
-        thread.join(30)
         store.close()
-        if started_here:
-            devkafka.stop(port=port)
 
 
 def _index(console: Console, settings: Settings, engine: Engine, store, doc_count: int) -> None:
