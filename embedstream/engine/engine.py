@@ -9,7 +9,8 @@ calls ``embed``/``score``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,14 +63,11 @@ class EmbedResult:
     error: EngineError | None = None
 
     def to_json(self) -> dict:
-        if self.error is not None:
-            return {"id": self.id, "error": self.error.to_dict()}
-        out: dict = {"id": self.id, "embedding": self.vector.to_list(), "tokens": self.tokens}
-        if self.vector.scale is not None:
-            out["scale"] = self.vector.scale
-        if self.truncated:
-            out["truncated"] = True
-        return out
+        def body() -> dict:
+            scale = {} if self.vector.scale is None else {"scale": self.vector.scale}
+            return {"embedding": self.vector.to_list(), "tokens": self.tokens, **scale}
+
+        return _item_json(self, body)
 
 
 @dataclass
@@ -81,12 +79,17 @@ class ScoreResult:
     error: EngineError | None = None
 
     def to_json(self) -> dict:
-        if self.error is not None:
-            return {"id": self.id, "error": self.error.to_dict()}
-        out: dict = {"id": self.id, "score": self.score}
-        if self.truncated:
-            out["truncated"] = True
-        return out
+        return _item_json(self, lambda: {"score": self.score})
+
+
+def _item_json(item: EmbedResult | ScoreResult, body: Callable[[], dict]) -> dict:
+    """One result as a JSON line: its error, or its body (with ``truncated`` when the input was cut)."""
+    if item.error is not None:
+        return {"id": item.id, "error": item.error.to_dict()}
+    out = {"id": item.id, **body()}
+    if item.truncated:
+        out["truncated"] = True
+    return out
 
 
 @dataclass
