@@ -18,6 +18,9 @@ _SECRET_KEYS = ("password", "api_key", "apikey", "secret", "credential", "auth_t
 #: metadata refresh and version probe): shown from WARNING unless the configured level is lower.
 _CHATTY_LIBRARIES = ("kafka", "httpx", "httpcore")
 
+#: Extras libraries attach for their own formatters (uvicorn's ANSI-coloured copy of the message).
+_FOREIGN_NOISE = ("color_message",)
+
 _handler: logging.Handler | None = None  # ours on the root logger, replaced on every configure()
 
 
@@ -52,6 +55,12 @@ def _named_print_logger(*args: str) -> _NamedPrintLogger:
     return _NamedPrintLogger(args[0] if args else "")
 
 
+def _drop_noise(_, __, event_dict: dict) -> dict:
+    for key in _FOREIGN_NOISE:
+        event_dict.pop(key, None)
+    return event_dict
+
+
 def _common_processors() -> list:
     return [
         structlog.contextvars.merge_contextvars,
@@ -83,7 +92,7 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
     handler = logging.StreamHandler(_CurrentStderr())
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*_common_processors(), structlog.stdlib.add_logger_name,
-                           structlog.stdlib.ExtraAdder(), _redact],
+                           structlog.stdlib.ExtraAdder(), _drop_noise, _redact],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_renderers(json)],
     ))
     root = logging.getLogger()

@@ -15,8 +15,9 @@ from embedstream.gateway.config import GatewayOptions
 
 def _config(settings: Settings, options: GatewayOptions, host: str, port: int, log_level: str) -> uvicorn.Config:
     # One event loop, h11, no access log: a log line per request cost more than the routing itself.
+    # log_config=None: uvicorn's records go to the root logger, i.e. through embedstream.logs' renderer.
     return uvicorn.Config(create_app(settings, options), host=host, port=port, log_level=log_level, access_log=False,
-                          lifespan="on", timeout_graceful_shutdown=10)
+                          lifespan="on", timeout_graceful_shutdown=10, log_config=None)
 
 
 def serve(settings: Settings, options: GatewayOptions, host: str = "127.0.0.1", port: int = 8080,
