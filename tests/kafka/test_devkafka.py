@@ -7,6 +7,7 @@ empty ~/.m2); afterwards each start is a JVM boot (~10-15 s on 2 cores).
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import time
@@ -25,8 +26,14 @@ pytestmark = [
 ]
 
 
-def _free_port_pair(start: int = 19092, stop: int = 19392) -> int:
-    """First port p with p and p+1 both bindable (the broker uses p+1 for its controller)."""
+def _free_port_pair() -> int:
+    """First port p with p and p+1 both bindable (the broker uses p+1 for its controller).
+
+    Starts above this run's shared broker (``EMBEDSTREAM_TEST_KAFKA_PORT`` and the next port), so
+    parallel runs with their own ports do not race for the same pair.
+    """
+    start = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 2
+    stop = start + 300
     for port in range(start, stop, 2):
         if all(_bindable(p) for p in (port, port + 1)):
             return port

@@ -1,0 +1,42 @@
+"""Local development Apache Kafka broker: one KRaft node (broker + controller).
+
+No Docker here, so the broker is the real Apache Kafka from its official jars on
+Maven Central (listed in ``compose/kafka-dev/pom.xml``), fetched once by ``mvn``
+into a per-version cache and run as a detached ``java kafka.Kafka`` process.
+
+One module per job:
+
+* ``jars``: the broker's jars (pom → Maven Central → per-version cache)
+* ``jvm``: the Java 17+ runtime, JVM flags, the class-data sharing archive
+* ``layout``: the data dir's files (see there for the layout)
+* ``storage``: server.properties, log4j2.properties, formatting the KRaft storage once
+* ``process``: launching, finding and stopping the broker process
+* ``probe``: readiness over the wire (raw ApiVersions + Metadata; stdlib only)
+* ``broker``: start / stop / restart / status
+* ``cli``: ``python -m embedstream.devkafka start|stop|restart|status|jars [--port N]``
+"""
+
+from embedstream.devkafka.broker import BrokerInfo, restart, start, status, stop
+from embedstream.devkafka.cli import main
+from embedstream.devkafka.errors import DevKafkaError
+from embedstream.devkafka.jars import ensure_jars, kafka_version
+from embedstream.devkafka.layout import default_data_dir
+from embedstream.devkafka.probe import broker_answers
+from embedstream.devkafka.process import port_free
+
+_port_free = port_free  # the name tests/slow/test_faults.py uses
+
+__all__ = [
+    "BrokerInfo",
+    "DevKafkaError",
+    "broker_answers",
+    "default_data_dir",
+    "ensure_jars",
+    "kafka_version",
+    "main",
+    "port_free",
+    "restart",
+    "start",
+    "status",
+    "stop",
+]
