@@ -8,7 +8,12 @@ from conftest import make_engine
 from exactness import _min_cos, _vectors
 
 from embedstream.bench.corpus import mixed_length_texts, stdlib_paragraphs
-from embedstream.engine.engine import EmbedRequest, ScoreRequest
+from embedstream.engine.engine import ScoreRequest
+
+
+def _pairs(n: int) -> list[tuple[str, str]]:
+    paras = stdlib_paragraphs()
+    return [(" ".join(paras[i].split()[:12]), paras[i + 500]) for i in range(n)]
 
 
 @pytest.mark.slow
