@@ -1,7 +1,9 @@
 """Bytes <-> wire models, with one error type whose ``code`` tells a worker what went wrong.
 
 The happy path is a single pydantic-core JSON parse (``model_validate_json``); the slower
-classification work runs only once validation has already failed.
+classification work runs only once validation has already failed. Decoding is strict, as the
+published JSON Schemas are: ``"5"`` is not an integer and ``1`` is not a boolean on the wire
+(Python constructors stay lax).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from embedstream.schemas.events import SUPPORTED_SCHEMA_VERSIONS, ErrorInfo
+from embedstream.errors import CodedError
+from embedstream.schemas.bounds import explain
+from embedstream.schemas.events import SUPPORTED_SCHEMA_VERSIONS
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
-DecodeErrorCode = Literal["malformed_json", "unknown_schema_version", "invalid_event", "empty_value"]
+DecodeErrorCode = Literal["malformed_json", "unknown_schema_version", "invalid_event", "empty_value", "record_too_large"]
 
 _MAX_REPORTED_ERRORS = 5
 _MAX_MESSAGE_CHARS = 600
@@ -27,17 +31,13 @@ _UNPARSED = object()
 _ADAPTERS: dict[int, tuple[Any, TypeAdapter[Any]]] = {}
 
 
-class DecodeError(ValueError):
+class DecodeError(CodedError, ValueError):
     """A record value that cannot become the expected model; ``code`` is stable, ``message`` is for people."""
 
-    def __init__(self, code: DecodeErrorCode, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code: DecodeErrorCode = code
-        self.message = message
+    code: DecodeErrorCode
 
-    def to_error_info(self) -> ErrorInfo:
-        """As carried in replies and dead letters."""
-        return ErrorInfo(code=self.code, message=self.message)
+    def __init__(self, code: DecodeErrorCode, message: str):
+        super().__init__(code, message)
 
 
 def encode(model: BaseModel) -> bytes:
@@ -66,8 +66,8 @@ def decode(raw: bytes | bytearray | memoryview | str | None, model_type: Any, ma
         raw = raw.tobytes()
     try:
         if isinstance(model_type, type) and issubclass(model_type, BaseModel):
-            return model_type.model_validate_json(raw)
-        return _adapter(model_type).validate_json(raw)
+            return model_type.model_validate_json(raw, strict=True)
+        return _adapter(model_type).validate_json(raw, strict=True)
     except ValidationError as exc:
         raise _classify(exc, raw, _type_name(model_type)) from None
 
@@ -98,7 +98,7 @@ def _type_name(model_type: Any) -> str:
 
 
 def _classify(exc: ValidationError, raw: bytes | bytearray | str, name: str) -> DecodeError:
-    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    errors = exc.errors(include_url=False, include_context=True, include_input=False)
     if any(err["type"] == "json_invalid" for err in errors):
         return DecodeError("malformed_json", f"value is not valid UTF-8 JSON: {errors[0]['msg']}")
     try:
@@ -125,8 +125,7 @@ def summarize(errors: list[Any]) -> str:
     relevant = [err for err in errors if err["type"] not in _CONSEQUENTIAL_ERRORS] or errors
     for err in relevant[:_MAX_REPORTED_ERRORS]:
         where = ".".join(str(part) for part in err["loc"]) or "value"
-        msg = err["msg"]
-        parts.append(f"{where}: {msg[:1].lower()}{msg[1:]}")
+        parts.append(f"{where}: {explain(err)}")
     if len(relevant) > _MAX_REPORTED_ERRORS:
         parts.append(f"(and {len(relevant) - _MAX_REPORTED_ERRORS} more)")
     text = "; ".join(parts)

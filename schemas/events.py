@@ -12,7 +12,22 @@ import hashlib
 import time
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationInfo, field_validator, model_validator
+
+from embedstream.schemas.bounds import (
+    MAX_CHUNK_IDS,
+    MAX_DIMENSIONS,
+    ChunkId,
+    CollectionName,
+    DocId,
+    EpochMs,
+    Metadata,
+    Name,
+    TopicName,
+    WireInt,
+    bounded_int,
+    integral,
+)
 
 SCHEMA_VERSION: Literal[1] = 1
 SUPPORTED_SCHEMA_VERSIONS: tuple[int, ...] = (1,)
@@ -40,7 +55,9 @@ class WireModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    schema_version: Literal[1] = Field(default=SCHEMA_VERSION, description="Wire format version of this message")
+    schema_version: Annotated[Literal[1], BeforeValidator(integral)] = Field(
+        default=SCHEMA_VERSION, description="Wire format version of this message"
+    )
 
 
 class ErrorInfo(BaseModel):
@@ -55,20 +72,27 @@ class ErrorInfo(BaseModel):
 class ChunkEvent(WireModel):
     """One chunk of a document to embed and upsert; keyed by doc_id so a document's events stay ordered."""
 
-    kind: Literal["chunk"] = "chunk"
-    doc_id: NonEmptyStr
-    chunk_id: int = Field(ge=0, description="Index of the chunk within its document")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"doc_id": "guide/intro.md", "chunk_id": 0, "text": "Kafka keeps records in order per partition."},
+        {"schema_version": 1, "kind": "chunk", "doc_id": "go-1", "chunk_id": 3, "text": "Grüße ✓",
+         "metadata": {"lang": "de", "tags": ["a", "b"]}, "collection": "docs", "lane": "bulk",
+         "created_at_ms": 1700000000000},
+    ]})
+
+    kind: Literal["chunk"] = Field(default="chunk", description="Optional on the chunk topics: an event without kind is a chunk")
+    doc_id: DocId
+    chunk_id: ChunkId
     text: str
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Stored as point payload")
-    collection: str | None = Field(default=None, description="Target collection; None = the sink's default")
-    model: str | None = Field(default=None, description="Embedding model name; None = the worker's default")
+    metadata: Metadata = Field(default_factory=dict)
+    collection: CollectionName | None = Field(default=None, description="Target collection; None = the sink's default")
+    model: Name | None = Field(default=None, description="Embedding model name; None = the worker's default")
     content_hash: str = Field(
         default_factory=lambda data: content_hash(data.get("text", "")),
         pattern=SHA256_HEX_PATTERN,
-        description="sha256 hex of text; computed when absent, trusted when given",
+        description="sha256 hex of text, a hint only: workers compute their own from the text",
     )
     lane: Lane | None = None
-    created_at_ms: int | None = Field(default=None, description="Epoch ms when the producer made the event")
+    created_at_ms: EpochMs | None = Field(default=None, description="Epoch ms when the producer made the event")
 
     @field_validator("content_hash", mode="before")
     @classmethod
@@ -77,22 +101,58 @@ class ChunkEvent(WireModel):
 
 
 class DocumentDelete(WireModel):
-    """Remove chunks of a document; shares the chunk topics so it is ordered after earlier upserts."""
+    """Remove chunks of a document; shares the chunk topics so it is ordered after earlier upserts.
+
+    ``kind`` is required on the wire (an event without it is read as a chunk); Python code may omit it.
+    """
+
+    model_config = ConfigDict(json_schema_extra=lambda schema: _wire_schema(schema, required=("kind",), examples=[
+        {"kind": "delete", "doc_id": "guide/intro.md"},
+        {"schema_version": 1, "kind": "delete", "doc_id": "go-1", "from_chunk": 4, "collection": "docs_v2"},
+        {"kind": "delete", "doc_id": "go-1", "chunk_ids": [0, 2]},
+    ]))
 
     kind: Literal["delete"] = "delete"
-    doc_id: NonEmptyStr
-    chunk_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, description="Chunks to remove; None (and no from_chunk) = every chunk of the document"
+    doc_id: DocId
+    chunk_ids: list[ChunkId] | None = Field(
+        default=None, max_length=MAX_CHUNK_IDS,
+        description="Chunks to remove; None (and no from_chunk) = every chunk of the document",
     )
-    from_chunk: int | None = Field(
-        default=None, ge=0,
+    from_chunk: ChunkId | None = Field(
+        default=None,
         description="Remove every chunk with chunk_id >= from_chunk: what is left over when a document shrinks",
     )
-    collection: str | None = None
+    collection: CollectionName | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_required_on_the_wire(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.mode == "json" and isinstance(data, dict) and "kind" not in data:
+            raise ValueError("kind is required on the wire: 'delete' (an event without kind is a chunk)")
+        return data
 
 
-ChunkTopicEvent = Annotated[Union[ChunkEvent, DocumentDelete], Field(discriminator="kind")]
-"""What a chunk topic carries: upserts and deletes, told apart by ``kind``."""
+def _wire_schema(schema: dict[str, Any], required: tuple[str, ...], examples: list[dict[str, Any]]) -> None:
+    """Mark fields that have a Python default as required in JSON, and add examples (in place)."""
+    schema["required"] = [*required, *(r for r in schema.get("required", []) if r not in required)]
+    schema["examples"] = examples
+
+
+def _chunk_topic_kind(value: Any) -> str | None:
+    """The union's tag: ``kind``, where a JSON object without one is a chunk (as the schema says)."""
+    kind = value.get("kind", "chunk") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if kind in ("chunk", "delete") else None
+
+
+ChunkTopicEvent = Annotated[
+    Union[Annotated[ChunkEvent, Tag("chunk")], Annotated[DocumentDelete, Tag("delete")]],
+    Discriminator(
+        _chunk_topic_kind,
+        custom_error_type="invalid_kind",
+        custom_error_message="kind must be 'chunk' (the default when absent) or 'delete'",
+    ),
+]
+"""What a chunk topic carries: upserts and deletes, told apart by ``kind`` (absent = chunk)."""
 
 CHUNK_TOPIC_ADAPTER: TypeAdapter[ChunkEvent | DocumentDelete] = TypeAdapter(ChunkTopicEvent)
 
@@ -100,28 +160,35 @@ CHUNK_TOPIC_ADAPTER: TypeAdapter[ChunkEvent | DocumentDelete] = TypeAdapter(Chun
 class QueryRequest(WireModel):
     """Embed one query text now (online path) and reply on ``reply_to`` under the same request_id."""
 
-    request_id: NonEmptyStr
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"request_id": "3f2a", "text": "how do I read a file?", "reply_to": "embedstream.replies"},
+        {"schema_version": 1, "request_id": "r-2", "text": "kafka", "model": "all-MiniLM-L6-v2", "dimensions": 256,
+         "dtype": "int8", "prompt": None, "reply_to": "embedstream.replies.gw1", "deadline_ms": 1700000000500,
+         "sent_at_ms": 1700000000000},
+    ]})
+
+    request_id: Name
     text: str
-    model: str | None = None
-    dimensions: int | None = Field(default=None, ge=1, description="Matryoshka truncation; None = full size")
+    model: Name | None = None
+    dimensions: bounded_int(1, MAX_DIMENSIONS) | None = Field(default=None, description="Matryoshka truncation; None = full size")
     dtype: Dtype = "float32"
     prompt: PromptKind | None = Field(default="query", description="Which model prompt to prepend, if any")
-    reply_to: NonEmptyStr = Field(description="Topic the reply is produced to")
-    deadline_ms: int | None = Field(default=None, description="Epoch ms after which workers may drop the request")
-    sent_at_ms: int | None = None
+    reply_to: TopicName = Field(description="Topic the reply is produced to")
+    deadline_ms: EpochMs | None = Field(default=None, description="Epoch ms after which workers may drop the request")
+    sent_at_ms: EpochMs | None = None
 
 
 class QueryReply(WireModel):
     """The embedding of a QueryRequest, or the error that prevented it."""
 
     request_id: NonEmptyStr
-    embedding: list[float] | list[int] | None = Field(
+    embedding: list[float] | list[WireInt] | None = Field(
         default=None, description="Floats for float32/float16, ints for int8/binary (packed bits)"
     )
-    dims: int | None = None
+    dims: WireInt | None = None
     dtype: Dtype = "float32"
     scale: float | None = Field(default=None, description="int8 only: value = int * scale")
-    tokens: int | None = None
+    tokens: WireInt | None = None
     truncated: bool = False
     model: str | None = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
@@ -132,14 +199,14 @@ class DeadLetter(WireModel):
     """A record a worker could not process, kept verbatim with the reason, for inspection or replay."""
 
     source_topic: str
-    partition: int
-    offset: int
+    partition: WireInt
+    offset: WireInt
     key: str | None = None
     raw_value: str = Field(description="The record value: UTF-8 text, or base64 when raw_encoding says so")
     raw_encoding: Literal["utf-8", "base64"] = "utf-8"
     error: ErrorInfo
     worker: str | None = None
-    failed_at_ms: int
+    failed_at_ms: WireInt
 
     @classmethod
     def from_record(
@@ -185,11 +252,16 @@ class DocumentRecord(WireModel):
     (with another model or chunk size); a null value (tombstone) under the key means "deleted".
     """
 
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"doc_id": "guide/intro.md", "text": "Kafka keeps records in order per partition.\n\nConsumers ...",
+         "metadata": {"path": "docs/guide/intro.md"}, "created_at_ms": 1700000000000},
+    ]})
+
     kind: Literal["document"] = "document"
-    doc_id: NonEmptyStr
+    doc_id: DocId
     text: str
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    created_at_ms: int | None = None
+    metadata: Metadata = Field(default_factory=dict)
+    created_at_ms: EpochMs | None = None
 
 
 WIRE_MODELS: tuple[type[WireModel], ...] = (ChunkEvent, DocumentDelete, DocumentRecord, QueryRequest, QueryReply, DeadLetter)

@@ -8,13 +8,31 @@ set; a record that does not decode goes to the dead-letter topic.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from embedstream.schemas.bounds import (
+    MAX_CANDIDATES,
+    MAX_FILTER_VALUES,
+    MAX_FILTERS,
+    MAX_NAME_CHARS,
+    MAX_TOP_K,
+    MAX_TOP_N,
+    CollectionName,
+    EpochMs,
+    FilterValue,
+    Metadata,
+    Name,
+    TopicName,
+    WireInt,
+    bounded_int,
+)
 from embedstream.schemas.events import ErrorInfo, NonEmptyStr, WireModel
 
-FilterScalar = Union[str, int, float, bool]
+FilterScalar = Union[FilterValue, WireInt, float, bool]
+FilterKey = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+TopN = bounded_int(1, MAX_TOP_N, "How many ranked results the reply carries")
 
 
 class Candidate(BaseModel):
@@ -22,23 +40,30 @@ class Candidate(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    id: NonEmptyStr
+    id: Name
     text: str
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
 
 
 class RerankRequest(WireModel):
     """Score every candidate against ``query`` with a cross-encoder and reply with the best ``top_n``."""
 
-    request_id: NonEmptyStr
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"request_id": "r1", "query": "read a file", "reply_to": "embedstream.replies",
+         "candidates": [{"id": "a", "text": "open() returns a file object"}, {"id": "b", "text": "sockets"}]},
+        {"request_id": "r2", "query": "q", "reply_to": "embedstream.replies-gw", "top_n": 1, "cut": True,
+         "candidates": [{"id": "a", "text": "p", "metadata": {"doc_id": "d"}}], "deadline_ms": 1700000000500},
+    ]})
+
+    request_id: Name
     query: str
-    candidates: list[Candidate] = Field(default_factory=list)
-    top_n: int = Field(default=10, ge=1, description="How many ranked results the reply carries")
-    model: str | None = Field(default=None, description="Cross-encoder name; None = the worker's model")
-    reply_to: NonEmptyStr = Field(description="Topic the reply is produced to")
-    deadline_ms: int | None = Field(default=None, description="Epoch ms after which workers may drop the request")
+    candidates: list[Candidate] = Field(default_factory=list, max_length=MAX_CANDIDATES)
+    top_n: TopN = 10
+    model: Name | None = Field(default=None, description="Cross-encoder name; None = the worker's model")
+    reply_to: TopicName = Field(description="Topic the reply is produced to")
+    deadline_ms: EpochMs | None = Field(default=None, description="Epoch ms after which workers may drop the request")
     cut: bool = Field(default=False, description="Keep the first max_candidates instead of refusing a longer list")
-    sent_at_ms: int | None = None
+    sent_at_ms: EpochMs | None = None
 
 
 class RankedResult(BaseModel):
@@ -48,7 +73,7 @@ class RankedResult(BaseModel):
 
     id: str
     score: float
-    rank: int = Field(ge=1, description="1 = most relevant")
+    rank: WireInt = Field(ge=1, description="1 = most relevant")
     truncated: bool = Field(default=False, description="The passage was cut to fit the model's limit")
 
 
@@ -67,18 +92,25 @@ class RerankReply(WireModel):
 class SearchRequest(WireModel):
     """Embed ``query``, retrieve ``top_k`` chunks (payload filters ANDed), optionally rerank to ``top_n``."""
 
-    request_id: NonEmptyStr
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"request_id": "s1", "query": "how do I read a file?", "reply_to": "embedstream.replies"},
+        {"request_id": "s2", "query": "q", "collection": "docs_v2", "top_k": 100, "top_n": 5, "rerank": False,
+         "filters": {"lang": "en", "year": [2023, 2024]}, "reply_to": "embedstream.replies.gw1",
+         "deadline_ms": 1700000000500, "sent_at_ms": 1700000000000},
+    ]})
+
+    request_id: Name
     query: str
-    collection: str | None = Field(default=None, description="Collection or alias; None = the worker's default")
-    top_k: int = Field(default=50, ge=1, le=1000, description="Chunks retrieved by vector search")
-    filters: dict[str, Union[FilterScalar, list[Union[str, int]]]] = Field(
-        default_factory=dict, description="payload field == value; a list means any of"
+    collection: CollectionName | None = Field(default=None, description="Collection or alias; None = the worker's default")
+    top_k: bounded_int(1, MAX_TOP_K, "Chunks retrieved by vector search") = 50
+    filters: dict[FilterKey, Union[FilterScalar, Annotated[list[Union[FilterValue, WireInt]], Field(max_length=MAX_FILTER_VALUES)]]] = Field(
+        default_factory=dict, max_length=MAX_FILTERS, description="payload field == value; a list means any of"
     )
     rerank: bool = Field(default=True, description="Rerank the retrieved chunks with the cross-encoder")
-    top_n: int = Field(default=10, ge=1, description="Hits in the reply (after reranking)")
-    reply_to: NonEmptyStr
-    deadline_ms: int | None = None
-    sent_at_ms: int | None = None
+    top_n: bounded_int(1, MAX_TOP_N, "Hits in the reply (after reranking)") = 10
+    reply_to: TopicName
+    deadline_ms: EpochMs | None = None
+    sent_at_ms: EpochMs | None = None
 
 
 class SearchHit(BaseModel):
@@ -88,12 +120,12 @@ class SearchHit(BaseModel):
 
     id: str = Field(description="Point id")
     doc_id: str | None = None
-    chunk_id: int | None = None
+    chunk_id: WireInt | None = None
     text: str = ""
     payload: dict[str, Any] = Field(default_factory=dict, description="Stored payload without text and internals")
     vector_score: float
     rerank_score: float | None = None
-    rank: int = Field(ge=1)
+    rank: WireInt = Field(ge=1)
     truncated: bool = Field(default=False, description="The text was cut to fit the reranker's limit")
 
 

@@ -169,4 +169,10 @@ def test_export_json_schemas(tmp_path):
     assert set(chunk["required"]) == {"doc_id", "chunk_id", "text"}
     assert chunk["properties"]["schema_version"]["const"] == 1
     union = json.loads((tmp_path / "schemas" / "ChunkTopicEvent.schema.json").read_text())
-    assert union["discriminator"]["propertyName"] == "kind"
+    # Told apart by kind's const (no OpenAPI "discriminator"): a delete must name its kind, a chunk may omit it.
+    assert "discriminator" not in json.dumps(union)
+    assert [branch["$ref"] for branch in union["oneOf"]] == ["#/$defs/ChunkEvent", "#/$defs/DocumentDelete"]
+    assert union["$defs"]["DocumentDelete"]["properties"]["kind"]["const"] == "delete"
+    assert "kind" in union["$defs"]["DocumentDelete"]["required"]
+    assert union["$defs"]["ChunkEvent"]["properties"]["kind"]["const"] == "chunk"
+    assert "kind" not in union["$defs"]["ChunkEvent"]["required"]
