@@ -102,9 +102,6 @@ class KafkaSettings(BaseModel):
     max_record_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1, description="Dead-letter a record value above this size without parsing it"
     )
-    online_batch_window_ms: float = Field(
-        default=2.0, description="Max wait to grow an online batch; it opens only while requests arrive densely"
-    )
     session_timeout_ms: int | None = Field(
         default=None,
         description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client default, 45 s)",
@@ -126,6 +123,47 @@ class KafkaSettings(BaseModel):
             if getattr(self, key):
                 kwargs[key] = getattr(self, key)
         return kwargs
+
+
+class WorkerSettings(BaseModel):
+    """Knobs of the Kafka workers (embed, rerank, CDC bridge): ``EMBEDSTREAM_WORKER__<NAME>``.
+
+    One name each, read by every worker that has the knob; the CLI's flags only override them.
+    """
+
+    batch_window_ms: float = Field(
+        default=2.0, ge=0,
+        description="Max wait to grow an online (or rerank) batch; it opens only while requests arrive densely",
+    )
+    bulk_slice_tokens: int = Field(
+        default=1024, ge=1, description="Bulk batch cap while online traffic is recent (a query never waits long)"
+    )
+    online_quiet_s: float = Field(default=1.0, ge=0, description="Online counts as recent this long after its last record")
+    max_queue_tokens: int = Field(
+        default=65536, ge=1, description="Embed worker: tokens queued per lane above which its partitions are paused"
+    )
+    max_queue_requests: int = Field(
+        default=256, ge=1, description="Rerank worker: requests queued above which its partitions are paused"
+    )
+    commit_interval_s: float = Field(default=0.25, ge=0, description="Commit at most this often under load (idle: at once)")
+    flush_timeout_s: float = Field(
+        default=30.0, gt=0, description="Longest wait for dead letters and replies to be acknowledged before a commit"
+    )
+    sink_backoff_s: tuple[float, float] = Field(
+        default=(0.2, 10.0), description="First and longest pause between retries of a failed sink write or publish"
+    )
+    record_retry_limit_s: float = Field(
+        default=300.0, gt=0,
+        description="A record whose write keeps failing this long is dead-lettered (failure treated as permanent for it)",
+    )
+    skip_unchanged: bool = Field(
+        default=True, description="Do not embed a chunk whose stored point already has its content hash, model, metadata"
+    )
+    warm_up_tokens: int = Field(
+        default=64, ge=0, description="Online lane: build kernels for query lengths 1..N before reporting ready (0: off)"
+    )
+    max_candidates: int = Field(default=50, ge=1, description="Rerank: most candidates per request (more: refused or cut)")
+    max_pairs_per_pass: int = Field(default=512, ge=1, description="Rerank: pairs of queued requests scored in one pass")
 
 
 class QdrantSettings(BaseModel):
@@ -158,4 +196,5 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     log_json: bool | None = None

@@ -15,28 +15,24 @@ redelivery, which is harmless: chunks are idempotent upserts and skipped when un
 
 from __future__ import annotations
 
-import socket
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
-
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import Settings
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.debezium import CdcConfig, CdcError, Change, parse_change
-from embedstream.producers.publisher import ChunkPublisher, PublishError
-from embedstream.producers.topics import ensure_topics
+from embedstream.producers.publisher import ChunkPublisher
 from embedstream.producers.sources import Document
+from embedstream.producers.topics import ensure_topics
+from embedstream.schemas import ErrorInfo
 from embedstream.schemas.events import Lane
-from embedstream.workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, subscribe
-from embedstream.workers.kafka_io import run_until_signalled as run_until_signalled_generic
+from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.metrics import CdcMetrics
 from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.serve import run_until_signalled
+
+__all__ = ["CdcBridge", "CdcOptions", "apply_change", "run_until_signalled", "truncate_error"]
 
 log = logs.get("embedstream.cdc")
 
@@ -54,8 +50,7 @@ class CdcOptions:
     group: str | None = None  # None: settings.kafka.group_cdc
     poll_timeout_ms: int = 200
     max_poll_records: int = 500
-    publish_backoff_s: tuple[float, float] = (0.5, 10.0)
-    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-cdc-{threading.get_ident()}")
+    worker_id: str = field(default_factory=lambda: new_worker_id("cdc"))
 
     def __post_init__(self) -> None:
         if self.on_truncate not in ("dead-letter", "ignore"):
@@ -87,18 +82,6 @@ def apply_change(publisher: ChunkPublisher, change: Change, chunks: list[str]) -
     return publisher.publish_chunks(document, chunks, trim=True, record=True), deletes
 
 
-class _Assignments(ConsumerRebalanceListener):
-    """Logs only. kafka-python 3 calls sync listeners on its IO loop, where blocking calls (commit,
-    flush) are refused or stall the loop; nothing needs them here: every poll is published and
-    committed before the next, and a commit lost to a rebalance only means a harmless redelivery."""
-
-    def on_partitions_revoked(self, revoked):
-        log.info("partitions revoked", partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in revoked))
-
-    def on_partitions_assigned(self, assigned):
-        log.info("partitions assigned", partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
-
-
 class CdcBridge(WorkerLoop):
     """Consumes one Debezium topic in its own group and publishes chunk events to one lane."""
 
@@ -106,45 +89,31 @@ class CdcBridge(WorkerLoop):
 
     def __init__(self, settings: Settings, chunker: Chunker, options: CdcOptions, metrics: CdcMetrics | None = None,
                  create_topics: bool = True):
-        super().__init__()
+        super().__init__(settings.kafka, settings.worker, metrics or CdcMetrics(), options.worker_id)
         self.settings = settings
-        self.kafka = settings.kafka
         self.chunker = chunker
         self.options = options
-        self.metrics = metrics or CdcMetrics()
-        self.offsets = OffsetTracker()
         if create_topics:
             ensure_topics(self.kafka, topics=[self.kafka.topic_dead_letters])
         self.publisher = ChunkPublisher(self.kafka, lane=options.lane, collection=options.collection,
                                         create_topics=create_topics)
-        client = self.kafka.client_kwargs()
-        self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)  # dead letters
-        self.consumer = KafkaConsumer(
-            **client,
-            group_id=options.group or self.kafka.group_cdc,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",  # Debezium with exactly-once writes in transactions
-            max_poll_records=options.max_poll_records,
-            client_id=f"embedstream-cdc-{options.worker_id}",
-            metadata_max_age_ms=10_000,
-        )
-        subscribe(self.consumer, [options.topic], _Assignments())
+        self.lane = self.add_lane(METRICS_LANE, [options.topic], options.group or self.kafka.group_cdc,
+                                  options.max_poll_records,
+                                  isolation_level="read_committed")  # Debezium with exactly-once writes in transactions
 
     # -- one poll ------------------------------------------------------------------------------
     def run_once(self) -> int:
-        batches = self.consumer.poll(timeout_ms=self.options.poll_timeout_ms)
-        records = [r for recs in batches.values() for r in recs]
+        records = self.lane.poll(self.options.poll_timeout_ms)
         if records:
             self._handle(records)
-        self._commit()
-        self.metrics.lag(METRICS_LANE, self.consumer)
+        self.lane.commit()
+        self.metrics.lag(METRICS_LANE, self.lane.consumer)
         return len(records)
 
     def _handle(self, records: list) -> None:
-        staged: list[tuple[list, Change]] = []
+        staged: list[tuple[object, list, Change]] = []
         for record in records:
-            handle = self.offsets.track(record.topic, record.partition, record.offset)
+            handle = self.lane.track(record)
             try:
                 change = parse_change(record.key, record.value, self.options.config)
                 if change.op == "t":
@@ -155,40 +124,43 @@ class CdcBridge(WorkerLoop):
                     OffsetTracker.done(handle)
                     continue
             except CdcError as err:
-                send_dead_letter(self.producer, self.kafka.topic_dead_letters, record, err.to_error_info(), handle,
-                                 self.options.worker_id, self.metrics, METRICS_LANE)
+                self.lane.dead_letter(record, err.to_error_info(), handle)
                 continue
-            staged.append((handle, change))
+            staged.append((record, handle, change))
         if not staged:
             return
-        upserts = [change for _, change in staged if change.is_upsert]
+        upserts = [change for _, _, change in staged if change.is_upsert]
         chunked = iter(self.chunker.chunk_many([c.text or "" for c in upserts]) if upserts else [])
-        plan = [(change, next(chunked) if change.is_upsert else []) for _, change in staged]
-        self._publish(plan)
-        for handle, change in staged:
-            OffsetTracker.done(handle)
-            self.metrics.events.labels(op=change.op).inc()
+        self._publish([(record, handle, change, next(chunked) if change.is_upsert else [])
+                       for record, handle, change in staged])
 
-    def _publish(self, plan: list[tuple[Change, list[str]]]) -> None:
-        """Send in order and wait for the acks; on failure send it all again (harmless) after a pause."""
-        delay, ceiling = self.options.publish_backoff_s
-        while True:
-            try:
-                sent = [apply_change(self.publisher, change, chunks) for change, chunks in plan]
-                self.publisher.flush()
-                break
-            except (PublishError, KafkaError) as exc:
-                if self.stop_event.is_set():
-                    raise
-                self.metrics.publish_failures.inc()
-                log.warning("publishing chunk events failed; retrying", error=str(exc)[:300], retry_in_s=delay)
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, ceiling)
-        self.metrics.chunks.inc(sum(c for c, _ in sent))
-        self.metrics.deletes.inc(sum(d for _, d in sent))
+    def _publish(self, plan: list[tuple], limit_s: float | None = None) -> None:
+        """Send in order and wait for the acks; a failed send is sent again (harmless: idempotent).
 
-    def _commit(self) -> None:
-        commit_finished(self.consumer, self.producer, self.offsets, lane=METRICS_LANE)
+        Transient failures (broker away) back off for as long as it takes; when the chunk lane refuses
+        what was sent for good, each change alone finds the ones at fault, which are dead-lettered."""
+        sent: list[tuple[int, int]] = []
+
+        def send_all() -> None:
+            sent[:] = [apply_change(self.publisher, change, chunks) for _, _, change, chunks in plan]
+            self.publisher.flush()
+
+        reason = self.write_with_retry(send_all, "publishing chunk events", self.metrics.publish_failures.inc, limit_s)
+        if reason is not None and len(plan) > 1:
+            for step in plan:  # the failure already outlasted its bound: singles are not waited for again
+                self._publish([step], limit_s=0.0)
+            return
+        for record, handle, change, _ in plan:
+            self._settle(record, handle, change, reason)
+        self.metrics.chunks.inc(sum(c for c, _ in sent) if reason is None else 0)
+        self.metrics.deletes.inc(sum(d for _, d in sent) if reason is None else 0)
+
+    def _settle(self, record, handle: list, change: Change, reason: ErrorInfo | None) -> None:
+        if reason is not None:
+            self.lane.dead_letter(record, reason, handle)
+            return
+        OffsetTracker.done(handle)
+        self.metrics.events.labels(op=change.op).inc()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def started_fields(self) -> dict:
@@ -196,21 +168,8 @@ class CdcBridge(WorkerLoop):
         return {"topic": self.options.topic, "lane": self.options.lane, "id_field": c.id_field,
                 "text_fields": list(c.text_fields), "on_truncate": self.options.on_truncate}
 
-    def close(self) -> None:
-        try:
-            self._commit()
-        except Exception as exc:  # noqa: BLE001 - closing: report and carry on
-            log.warning("final commit failed", error=str(exc))
-        self.consumer.close(autocommit=False)
+    def close_resources(self) -> None:
         try:
             self.publisher.close()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("closing the publisher failed", error=str(exc))
-        self.producer.close()
-
-
-def run_until_signalled(bridge: CdcBridge, metrics_port: int | None) -> None:
-    """Serve /healthz /readyz /metrics and stop cleanly on SIGTERM/SIGINT (final commit)."""
-    checks: dict[str, Callable[[], bool]] = {"broker": lambda: broker_reachable(bridge.consumer)}
-    run_until_signalled_generic(bridge, metrics_port, checks, "cdc bridge")
-
+        except Exception as exc:  # noqa: BLE001 - closing: report and carry on
+            log.warning("closing the publisher failed", error=str(exc)[:300])

@@ -1,56 +1,49 @@
-"""The embed worker's Kafka loop: lanes -> token-budget batch -> engine -> Qdrant / reply -> commit.
+"""The embed worker: lanes -> token-budget batch -> engine -> Qdrant / reply -> commit.
 
-Two lanes, each its own consumer group so they can also run as separate deployments:
-* online: online chunks and query requests. Batched first, with a short batching window.
-* bulk: bulk chunks. Only fills the token budget online work leaves, or runs when online is idle;
-  while online traffic is recent, bulk batches are capped (``bulk_slice_tokens``) so a live query
-  never waits behind a long bulk forward pass.
-Offsets are committed only after the sink write (or reply / dead letter) for every earlier
-record of the partition succeeded. Undecodable or invalid records go to the dead-letter topic with
-the reason and the loop carries on. Queues are bounded: a slow sink pauses consumption.
+Two lanes (``workers/lane.py``), each its own consumer group so they can also run as separate
+deployments: online (online chunks and query requests, batched first, with a short batching
+window) and bulk (bulk chunks). Which queued work forms the next forward pass is the
+``Scheduler``'s decision (online first, bulk fills the leftover budget, bulk sliced while online
+traffic is recent). Offsets are committed only after the sink write (or reply / dead letter) for
+every earlier record of the partition succeeded. Undecodable or invalid records, and records the
+sink rejects for good, go to the dead-letter topic with the reason and the loop carries on. Queues
+are bounded: a slow sink pauses consumption.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from pydantic import Field
 
 from embedstream import logs
-from embedstream.config import Settings
-from embedstream.engine.batcher import take_prefix
+from embedstream.config import Settings, WorkerSettings
 from embedstream.engine.engine import EmbedRequest, Engine, Prepared, StageTimings
 from embedstream.engine.errors import EngineError
 from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
 from embedstream.workers.batching_window import BatchingWindow
-from embedstream.workers.kafka_io import WorkerLoop, commit_finished, send_dead_letter, send_reply, subscribe
+from embedstream.workers.lane import Lane, Taken
+from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.scheduler import Scheduler
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink
 
 log = logs.get("embedstream.worker")
 
 LANES = ("online", "bulk")
+_MAX_POLL_RECORDS = {"online": 256, "bulk": 2048}
 
 
 @dataclass
-class WorkItem:
+class WorkItem(Taken):
     """One decoded record waiting in a lane queue."""
 
-    lane: str
-    topic: str
-    partition: int
-    offset: int
-    handle: list
-    event: ChunkEvent | DocumentDelete | QueryRequest
-    prepared: Prepared | None
+    event: ChunkEvent | DocumentDelete | QueryRequest | None = None
+    prepared: Prepared | None = None
     received: float = field(default_factory=time.perf_counter)
 
     @property
@@ -58,34 +51,15 @@ class WorkItem:
         return len(self.prepared.tokens) if self.prepared else 0
 
 
-@dataclass
-class WorkerOptions:
+class WorkerOptions(WorkerSettings):
+    """The worker knobs (``EMBEDSTREAM_WORKER__*``) plus what a deployment picks per process."""
+
     lanes: tuple[str, ...] = LANES
-    online_window_ms: float = 2.0  # opens only while queries arrive densely (BatchingWindow)
-    bulk_slice_tokens: int = 1024  # bulk batch cap while online traffic is recent
-    online_quiet_s: float = 1.0  # online counts as "recent" for this long after its last item
-    max_queue_tokens: int = 65536  # per lane; above it the lane's partitions are paused
-    sink_backoff_s: tuple[float, float] = (0.2, 10.0)
-    commit_interval_s: float = 0.25  # under load; an idle loop commits at once
-    flush_timeout_s: float = 30.0  # a producer stuck after a long broker outage must not hang the loop
-    skip_unchanged: bool = True  # do not embed a chunk whose point already has its content hash, model, metadata
-    warm_up_tokens: int = 64  # online lane: build kernels for query lengths 1..N before reporting ready (0: off)
-    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{threading.get_ident()}")
+    worker_id: str = Field(default_factory=lambda: new_worker_id("embed"))
 
-
-class _Revocations(ConsumerRebalanceListener):
-    """Drop queued work of partitions another worker now owns: it will be redelivered there."""
-
-    def __init__(self, worker: "EmbedWorker", lane: str):
-        self.worker, self.lane = worker, lane
-
-    def on_partitions_revoked(self, revoked):
-        # kafka-python 3 calls this on the consumer's IO thread, which refuses blocking calls: commit async
-        self.worker._commit(self.lane, wait=False)
-        self.worker._drop(self.lane, {(tp.topic, tp.partition) for tp in revoked})
-
-    def on_partitions_assigned(self, assigned):
-        log.info("partitions assigned", lane=self.lane, partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
+    @classmethod
+    def from_settings(cls, settings: Settings, lanes: tuple[str, ...] = LANES) -> "WorkerOptions":
+        return cls(lanes=lanes, **settings.worker.model_dump())
 
 
 class EmbedWorker(WorkerLoop):
@@ -96,63 +70,40 @@ class EmbedWorker(WorkerLoop):
     def __init__(self, settings: Settings, engine: Engine, sink: QdrantSink, options: WorkerOptions | None = None,
                  metrics: WorkerMetrics | None = None):
         self.settings = settings
-        self.kafka = settings.kafka
         self.engine = engine
         self.sink = sink
-        self.options = options or WorkerOptions()
-        self.metrics = metrics or WorkerMetrics()
-        self.queues: dict[str, deque[WorkItem]] = {lane: deque() for lane in self.options.lanes}
-        self.queued_tokens = {lane: 0 for lane in self.options.lanes}
-        self.offsets = {lane: OffsetTracker() for lane in self.options.lanes}
-        self.paused: dict[str, bool] = {lane: False for lane in self.options.lanes}
-        self.last_online = 0.0
+        self.options = options or WorkerOptions.from_settings(settings)
+        super().__init__(settings.kafka, self.options, metrics or WorkerMetrics(), self.options.worker_id)
+        self.scheduler = Scheduler(engine.limits, self.options.bulk_slice_tokens, self.options.online_quiet_s)
+        self.window = BatchingWindow(self.options.batch_window_ms)
         self.last_commit = 0.0
-        self.window = BatchingWindow(self.options.online_window_ms)
-        super().__init__()
-        client = self.kafka.client_kwargs()
-        self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)
-        self.consumers: dict[str, KafkaConsumer] = {}
-        topics = {"online": [self.kafka.topic_chunks_online, self.kafka.topic_queries], "bulk": [self.kafka.topic_chunks_bulk]}
-        groups = {"online": self.kafka.group_online, "bulk": self.kafka.group_bulk}
+        kafka = settings.kafka
+        topics = {"online": [kafka.topic_chunks_online, kafka.topic_queries], "bulk": [kafka.topic_chunks_bulk]}
+        groups = {"online": kafka.group_online, "bulk": kafka.group_bulk}
         for lane in self.options.lanes:
-            consumer = KafkaConsumer(
-                **client,
-                group_id=groups[lane],
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
-                max_poll_records=256 if lane == "online" else 2048,
-                client_id=f"embedstream-{lane}-{self.options.worker_id}",
-                # A group joined before its topics' metadata arrived gets an empty assignment until
-                # the next refresh: keep refreshes frequent so new or grown topics are noticed.
-                metadata_max_age_ms=10_000,
-                **({"session_timeout_ms": self.kafka.session_timeout_ms} if self.kafka.session_timeout_ms else {}),
-            )
-            subscribe(consumer, topics[lane], _Revocations(self, lane))
-            self.consumers[lane] = consumer
+            self.add_lane(lane, topics[lane], groups[lane], _MAX_POLL_RECORDS[lane],
+                          full=lambda queue: queue.tokens >= self.options.max_queue_tokens)
 
     # -- intake ---------------------------------------------------------------------------------
-    def _poll(self, lane: str, timeout_ms: int) -> int:
-        """Fetch, decode, validate and tokenise records; bad ones are dead-lettered at once."""
-        consumer = self.consumers.get(lane)
-        if consumer is None:
+    def intake(self, name: str, timeout_ms: int) -> int:
+        """Fetch, decode, validate and tokenise a lane's records; bad ones are dead-lettered at once."""
+        lane = self.lanes.get(name)
+        if lane is None:
             return 0
-        self._apply_backpressure(lane)
-        batches = consumer.poll(timeout_ms=timeout_ms)
-        records = [r for recs in batches.values() for r in recs]
+        records = lane.poll(timeout_ms)
         if not records:
             return 0
         received = time.perf_counter()
         staged: list[tuple] = []
         for record in records:
-            handle = self.offsets[lane].track(record.topic, record.partition, record.offset)
+            handle = lane.track(record)
             try:
                 if record.topic == self.kafka.topic_queries:
                     event = decode(record.value, QueryRequest, self.kafka.max_record_bytes)
                 else:
                     event = decode(record.value, CHUNK_TOPIC_ADAPTER, self.kafka.max_record_bytes)
             except DecodeError as err:
-                self._dead_letter(record, err.to_error_info(), handle, lane)
+                lane.dead_letter(record, err.to_error_info(), handle)
                 continue
             try:
                 self._check_model(event)
@@ -160,23 +111,20 @@ class EmbedWorker(WorkerLoop):
                 self._reject(lane, record, handle, event, err)
                 continue
             staged.append((record, handle, event))
-        to_embed = [(r, h, e) for r, h, e in staged if not isinstance(e, DocumentDelete)]
-        requests = [self._request(e) for _, _, e in to_embed]
+        to_embed = [e for _, _, e in staged if not isinstance(e, DocumentDelete)]
         timings = StageTimings()
-        prepared = iter(self.engine.prepare(requests, timings) if requests else [])
-        self.metrics.observe_stage("tokenize", lane, timings.tokenize_ms)
+        prepared = iter(self.engine.prepare([self._request(e) for e in to_embed], timings) if to_embed else [])
+        self.metrics.observe_stage("tokenize", name, timings.tokenize_ms)
         for record, handle, event in staged:
             prep = None if isinstance(event, DocumentDelete) else next(prepared)
             if isinstance(prep, EngineError):
                 self._reject(lane, record, handle, event, prep)
                 continue
-            item = WorkItem(lane, record.topic, record.partition, record.offset, handle, event, prep, received)
-            self.queues[lane].append(item)
-            self.queued_tokens[lane] += item.tokens
-        if lane == "online":
-            self.last_online = time.monotonic()
+            lane.queue.push(WorkItem(name, record, handle, event, prep, received))
+        if name == "online":
+            self.scheduler.online_arrived()
             self.window.arrived(received, len(records))
-        self.metrics.queue_depth(lane, len(self.queues[lane]), self.queued_tokens[lane])
+        self.metrics.queue_depth(name, len(lane.queue), lane.queue.tokens)
         return len(records)
 
     def _check_model(self, event) -> None:
@@ -190,77 +138,35 @@ class EmbedWorker(WorkerLoop):
             return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, prompt=event.prompt)
         return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document")
 
-    def _reject(self, lane: str, record, handle, event, err: EngineError) -> None:
+    def _reject(self, lane: Lane, record, handle, event, err: EngineError) -> None:
         info = ErrorInfo(code=err.code, message=err.message)
         if isinstance(event, QueryRequest):
-            self._reply(event, QueryReply(request_id=event.request_id, model=self.engine.spec.name, error=info))
-            OffsetTracker.done(handle)
-            self.metrics.errors.labels(lane=lane, code=err.code).inc()
+            self._reply_error(lane.name, record, event, handle, info)
         else:
-            self._dead_letter(record, info, handle, lane)
+            lane.dead_letter(record, info, handle)
 
-    def _dead_letter(self, record, error: ErrorInfo, handle, lane: str) -> None:
-        send_dead_letter(self.producer, self.kafka.topic_dead_letters, record, error, handle,
-                         self.options.worker_id, self.metrics, lane)
-
-    def _reply(self, request: QueryRequest, reply: QueryReply) -> None:
-        send_reply(self.producer, request, reply)
-
-    def _apply_backpressure(self, lane: str) -> None:
-        """Pause a lane's partitions while its queue is full (bounded memory), resume when drained."""
-        consumer = self.consumers[lane]
-        full = self.queued_tokens[lane] >= self.options.max_queue_tokens
-        if full and not self.paused[lane]:
-            consumer.pause(*consumer.assignment())
-            self.paused[lane] = True
-        elif not full and self.paused[lane]:
-            consumer.resume(*consumer.paused())
-            self.paused[lane] = False
-
-    def _drop(self, lane: str, partitions: set[tuple[str, int]]) -> None:
-        kept = deque(i for i in self.queues[lane] if (i.topic, i.partition) not in partitions)
-        self.queues[lane] = kept
-        self.queued_tokens[lane] = sum(i.tokens for i in kept)
-        self.offsets[lane].forget(partitions)
+    def _reply_error(self, lane: str, record, request: QueryRequest, handle, info: ErrorInfo) -> None:
+        reply = QueryReply(request_id=request.request_id, model=self.engine.spec.name, error=info)
+        self.lanes[lane].reply(record, request, reply, handle)
+        self.metrics.errors.labels(lane=lane, code=info.code).inc()
 
     # -- batch formation -----------------------------------------------------------------------
-    def _take(self, lane: str, used_tokens: int, used_requests: int, max_tokens: int) -> list[WorkItem]:
-        """FIFO prefix of a lane within the budget left. Deletes ride along (they cost no tokens) and
-        are applied in their place in the log order when the batch is written."""
-        queue = self.queues[lane]
-        if not queue:
-            return []
-        lengths = [item.tokens for item in queue]
-        limits = self.engine.limits
-        budget = type(limits)(min(max_tokens, limits.max_batch_tokens), limits.max_batch_requests)
-        count = take_prefix(lengths, budget, used_tokens, used_requests)
-        if count == 0 and used_requests == 0:
-            count = 1  # an item larger than a slice still runs alone
-        taken = [queue.popleft() for _ in range(count)]
-        self.queued_tokens[lane] -= sum(i.tokens for i in taken)
-        return taken
+    def next_batch(self) -> list[WorkItem]:
+        """Online first, bulk fills the rest (``Scheduler``), after the online batching window."""
+        online, bulk = self.lanes.get("online"), self.lanes.get("bulk")
+        if online is not None:
+            self._await_online_window(online)
+        return self.scheduler.next_batch(online.queue if online else None, bulk.queue if bulk else None)
 
-    def _next_batch(self) -> list[WorkItem]:
-        batch: list[WorkItem] = []
-        if "online" in self.queues:
-            self._await_online_window()
-            batch = self._take("online", 0, 0, self.engine.limits.max_batch_tokens)
-        if "bulk" in self.queues:
-            online_recent = "online" in self.queues and time.monotonic() - self.last_online < self.options.online_quiet_s
-            cap = self.options.bulk_slice_tokens if online_recent else self.engine.limits.max_batch_tokens
-            used = sum(i.tokens for i in batch)
-            batch += self._take("bulk", used, len(batch), cap if not batch else self.engine.limits.max_batch_tokens)
-        return batch
-
-    def _await_online_window(self) -> None:
-        """Give a fresh online batch up to ``online_window_ms`` to grow, while traffic is dense."""
-        queue = self.queues["online"]
-        if queue:
-            self.window.gather(queue[0].received, lambda: self._poll("online", 1),
-                               lambda: self.queued_tokens["online"] >= self.engine.limits.max_batch_tokens)
+    def _await_online_window(self, online: Lane) -> None:
+        """Give a fresh online batch up to ``batch_window_ms`` to grow, while traffic is dense."""
+        oldest = online.queue.oldest
+        if oldest is not None:
+            self.window.gather(oldest.received, lambda: self.intake("online", 1),
+                               lambda: online.queue.tokens >= self.engine.limits.max_batch_tokens)
 
     # -- processing ----------------------------------------------------------------------------
-    def _process(self, batch: list[WorkItem]) -> None:
+    def process(self, batch: list[WorkItem]) -> None:
         """Embed what needs embedding in one forward pass, answer queries, then write chunks and
         deletes to the sink in log order; offsets become committable only after their write."""
         start = time.perf_counter()
@@ -269,12 +175,10 @@ class EmbedWorker(WorkerLoop):
         for item in batch:
             if isinstance(item.event, DocumentDelete):
                 continue
-            wait_ms = (start - item.received) * 1000
-            self.metrics.observe_stage("queue_wait", item.lane, wait_ms)
+            self.metrics.observe_stage("queue_wait", item.lane, (start - item.received) * 1000)
             if isinstance(item.event, QueryRequest) and item.event.deadline_ms and item.event.deadline_ms < now:
-                self._reply(item.event, QueryReply(request_id=item.event.request_id, model=self.engine.spec.name,
-                                                   error=ErrorInfo(code="deadline_exceeded", message="the request's deadline passed before it was embedded")))
-                OffsetTracker.done(item.handle)
+                self._reply_error(item.lane, item.record, item.event, item.handle, ErrorInfo(
+                    code="deadline_exceeded", message="the request's deadline passed before it was embedded"))
                 continue
             live.append(item)
         if self.options.skip_unchanged:
@@ -284,51 +188,68 @@ class EmbedWorker(WorkerLoop):
             return
         timings = StageTimings()
         vectors = self.engine.forward([i.prepared for i in live], timings)
-        lane = live[0].lane
-        self.metrics.observe_batch(lane, timings, len(live))
-        chunks, queries = [], []
+        self.metrics.observe_batch(live[0].lane, timings, len(live))
+        chunks = {}
         for item, vector in zip(live, vectors):
-            (queries if isinstance(item.event, QueryRequest) else chunks).append((item, vector))
-        for item, vector in queries:
-            result = self.engine.finish(item.prepared, vector)
-            total_ms = (time.perf_counter() - item.received) * 1000
-            reply = QueryReply(
-                request_id=item.event.request_id, embedding=result.vector.to_list(), dims=int(result.vector.values.shape[0])
-                if result.vector.dtype != "binary" else int(result.vector.values.shape[0]) * 8,
-                dtype=result.vector.dtype, scale=result.vector.scale, tokens=result.tokens, truncated=result.truncated,
-                model=self.engine.spec.name,
-                timings_ms={"queue_wait": (start - item.received) * 1000, **timings.as_dict(), "total": total_ms},
-            )
-            self._reply(item.event, reply)
-            OffsetTracker.done(item.handle)
-            self.metrics.texts.labels(lane=item.lane, kind="query").inc()
-        self._write(batch, {id(item): vector for item, vector in chunks})
+            if isinstance(item.event, QueryRequest):
+                self._answer(item, vector, start, timings)
+            else:
+                chunks[id(item)] = vector
+        self._write(batch, chunks)
+
+    def _answer(self, item: WorkItem, vector, start: float, timings: StageTimings) -> None:
+        result = self.engine.finish(item.prepared, vector)
+        values = result.vector.values
+        reply = QueryReply(
+            request_id=item.event.request_id, embedding=result.vector.to_list(),
+            dims=int(values.shape[0]) * (8 if result.vector.dtype == "binary" else 1),
+            dtype=result.vector.dtype, scale=result.vector.scale, tokens=result.tokens, truncated=result.truncated,
+            model=self.engine.spec.name,
+            timings_ms={"queue_wait": (start - item.received) * 1000, **timings.as_dict(),
+                        "total": (time.perf_counter() - item.received) * 1000},
+        )
+        self.lanes[item.lane].reply(item.record, item.event, reply, item.handle)
+        self.metrics.texts.labels(lane=item.lane, kind="query").inc()
 
     def _write(self, batch: list[WorkItem], vectors: dict[int, object]) -> None:
         """Upsert runs of embedded chunks and apply deletes between them, exactly in batch order."""
         run: list[WorkItem] = []
-
-        def flush_run() -> None:
-            if not run:
-                return
-            embedded = [EmbeddedChunk(i.event, vectors[id(i)], {"topic": i.topic, "partition": i.partition,
-                                                                 "offset": i.offset}) for i in run]
-            upsert_start = time.perf_counter()
-            self._with_sink_retry(lambda: self.sink.upsert(embedded))
-            self.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - upsert_start) * 1000)
-            for item in run:
-                OffsetTracker.done(item.handle)
-            self.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(len(run))
-            run.clear()
-
         for item in batch:
             if isinstance(item.event, DocumentDelete):
-                flush_run()
-                self._with_sink_retry(lambda event=item.event: self.sink.delete(event))
-                OffsetTracker.done(item.handle)
+                if run:
+                    self._upsert(run, vectors)
+                    run = []
+                reason = self.write_with_retry(lambda event=item.event: self.sink.delete(event), "sink delete",
+                                               self.metrics.sink_failures.inc)
+                self._settle(item, reason)
             elif id(item) in vectors:
                 run.append(item)
-        flush_run()
+        if run:
+            self._upsert(run, vectors)
+
+    def _upsert(self, run: list[WorkItem], vectors: dict[int, object], limit_s: float | None = None) -> None:
+        """One upsert for the run; when the sink rejects it, each chunk alone finds the ones at fault."""
+        embedded = [EmbeddedChunk(i.event, vectors[id(i)], {"topic": i.topic, "partition": i.partition,
+                                                            "offset": i.offset}) for i in run]
+        upsert_start = time.perf_counter()
+        reason = self.write_with_retry(lambda: self.sink.upsert(embedded), "sink upsert", self.metrics.sink_failures.inc,
+                                       limit_s)
+        if reason is not None and len(run) > 1:
+            for item in run:  # the failure already outlasted its bound: singles are not waited for again
+                self._upsert([item], vectors, limit_s=0.0)
+            return
+        self.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - upsert_start) * 1000)
+        for item in run:
+            self._settle(item, reason)
+        if reason is None:
+            self.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(len(run))
+
+    def _settle(self, item: WorkItem, reason: ErrorInfo | None) -> None:
+        """Written: finished. Refused by the sink for good: dead-lettered with the reason."""
+        if reason is None:
+            OffsetTracker.done(item.handle)
+        else:
+            self.lanes[item.lane].dead_letter(item.record, reason, item.handle)
 
     def _skip_unchanged(self, items: list[WorkItem], deleted_earlier: set[int]) -> list[WorkItem]:
         """Finish, without embedding, the chunks whose stored point already matches (one lookup per collection).
@@ -349,67 +270,30 @@ class EmbedWorker(WorkerLoop):
                 self.metrics.chunks_unchanged.labels(lane=item.lane).inc()
         return [i for i in items if id(i) not in skipped] if skipped else items
 
-    def _with_sink_retry(self, write) -> None:
-        """Retry a sink write with exponential backoff; consumers are paused meanwhile, nothing commits."""
-        delay, ceiling = self.options.sink_backoff_s
-        paused: list[tuple[KafkaConsumer, list]] = []
-        try:
-            while True:
-                try:
-                    write()
-                    return
-                except Exception as exc:  # noqa: BLE001 - any sink failure: back off, keep the work
-                    if self.stop_event.is_set():
-                        raise
-                    self.metrics.sink_failures.inc()
-                    log.warning("sink write failed; backing off", error=str(exc)[:300], retry_in_s=delay)
-                    if not paused:
-                        for consumer in self.consumers.values():
-                            assigned = list(consumer.assignment())
-                            consumer.pause(*assigned)
-                            paused.append((consumer, assigned))
-                    end = time.monotonic() + delay
-                    while time.monotonic() < end and not self.stop_event.is_set():
-                        for consumer, _ in paused:
-                            consumer.poll(timeout_ms=50)  # paused: keeps group membership, fetches nothing
-                    delay = min(delay * 2, ceiling)
-        finally:
-            for consumer, assigned in paused:
-                consumer.resume(*[tp for tp in assigned if tp in consumer.assignment()])
-            for lane in self.paused:
-                self.paused[lane] = False
-
-    def _commit(self, lane: str, wait: bool = True) -> None:
-        commit_finished(self.consumers[lane], self.producer, self.offsets[lane], wait=wait,
-                        flush_timeout_s=self.options.flush_timeout_s, lane=lane)
-
     # -- main loop -----------------------------------------------------------------------------
     def run_once(self) -> int:
         """One iteration: poll, form a batch, process it, commit. Returns items processed."""
-        busy = any(self.queues.values())
-        if "online" in self.consumers:
-            self._poll("online", self._timeout("online", 0 if busy else 20))
-        if "bulk" in self.consumers and self.queued_tokens["bulk"] < self.options.max_queue_tokens:
-            self._poll("bulk", self._timeout("bulk", 0 if (busy or "online" in self.consumers) else 50))
-        batch = self._next_batch()
+        busy = any(lane.queue for lane in self.lanes.values())
+        online, bulk = self.lanes.get("online"), self.lanes.get("bulk")
+        if online is not None:
+            self.intake("online", online.joining_timeout(0 if busy else 20))
+        if bulk is not None and bulk.queue.tokens < self.options.max_queue_tokens:
+            self.intake("bulk", bulk.joining_timeout(0 if (busy or online is not None) else 50))
+        batch = self.next_batch()
         if batch:
-            self._process(batch)
+            self.process(batch)
         now = time.monotonic()
         # A synchronous commit is a broker round trip: under load, commit every commit_interval_s
         # (a crash redoes at most that much, harmlessly: upserts are idempotent); when idle, at once.
         if not batch or now - self.last_commit >= self.options.commit_interval_s:
-            for lane in self.options.lanes:
-                self._commit(lane)
-                self.metrics.lag(lane, self.consumers[lane])
+            for name, lane in self.lanes.items():
+                lane.commit()
+                self.metrics.lag(name, lane.consumer)
             self.last_commit = now
         return len(batch)
 
-    def _timeout(self, lane: str, wanted_ms: int) -> int:
-        """A consumer still joining its group needs blocking polls to finish the join."""
-        return wanted_ms if self.consumers[lane].assignment() else max(wanted_ms, 100)
-
     def warm_up(self) -> None:
-        if "online" in self.options.lanes and self.options.warm_up_tokens > 0:
+        if "online" in self.lanes and self.options.warm_up_tokens > 0:
             start = time.perf_counter()
             lengths = self.engine.warm_up(self.options.warm_up_tokens)
             log.info("query shapes warmed up", lengths=lengths, ms=round((time.perf_counter() - start) * 1000))
@@ -418,15 +302,8 @@ class EmbedWorker(WorkerLoop):
         return {"lanes": list(self.options.lanes), "model": self.engine.spec.name,
                 "path": self.engine.runner.describe(), "max_batch_tokens": self.engine.limits.max_batch_tokens}
 
-    def close(self) -> None:
-        for lane in self.options.lanes:
-            try:
-                self._commit(lane)
-            except Exception as exc:  # noqa: BLE001 - closing: report and carry on
-                log.warning("final commit failed", lane=lane, error=str(exc))
-        for consumer in self.consumers.values():
-            consumer.close(autocommit=False)
-        self.producer.close()
+    def readiness_checks(self) -> dict:
+        return {**super().readiness_checks(), "qdrant": lambda: self.sink.store.list_collections() is not None}
 
 
 def _deleted_earlier(batch: list[WorkItem]) -> set[int]:

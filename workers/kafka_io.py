@@ -1,80 +1,43 @@
-"""Kafka plumbing shared by every worker: dead letters, replies, broker probe, signal-driven run.
+"""Kafka client helpers shared by every worker: client construction, subscribing, committing, probing.
 
-One place for the rules all workers follow: a dead letter counts as finished only once the broker
-acknowledged it; replies are keyed by request id; SIGTERM/SIGINT stop the loop after a final commit.
+No loop and no policy here: the lane (``workers/lane.py``) and the loop (``workers/loop.py``) use
+these; they hold what kafka-python needs said the same way in every worker.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections.abc import Callable
-
-from kafka import TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
-from embedstream.gcfreeze import freeze_startup_objects
-from embedstream.schemas import DeadLetter, ErrorInfo
-from embedstream.schemas.codec import encode
-from embedstream.workers.health import serve
+from embedstream.config import KafkaSettings
 from embedstream.workers.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
 
 
-class WorkerLoop:
-    """The run/stop contract every worker shares: poll-batch-process-commit until stopped, then close."""
-
-    name = "worker"
-
-    def __init__(self) -> None:
-        self.stop_event = threading.Event()
-        self.ready = threading.Event()
-
-    def started_fields(self) -> dict:
-        """What the start-up log line says about this worker."""
-        return {}
-
-    def run_once(self) -> int:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def warm_up(self) -> None:
-        """Work done before the worker reports ready (e.g. building kernels for query shapes)."""
-
-    def run(self) -> None:
-        self.warm_up()
-        log.info(f"{self.name} started", **self.started_fields())
-        self.ready.set()
-        try:
-            while not self.stop_event.is_set():
-                self.run_once()
-        finally:
-            self.close()
-
-    def stop(self) -> None:
-        self.stop_event.set()
+def new_producer(kafka: KafkaSettings) -> KafkaProducer:
+    """The producer of replies and dead letters: every send acknowledged by all in-sync replicas."""
+    return KafkaProducer(**kafka.client_kwargs(), acks="all", linger_ms=0, retries=5)
 
 
-def send_dead_letter(producer, topic: str, record, error: ErrorInfo, handle, worker_id: str, metrics, lane: str) -> None:
-    """Publish the record with its reason; its offset becomes committable when the broker acks."""
-    letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
-                                    error, worker=worker_id)
-    future = producer.send(topic, key=record.key, value=encode(letter))
-    future.add_callback(lambda _meta: OffsetTracker.done(handle))
-    future.add_errback(lambda exc: log.error("dead letter not written", error=str(exc)))
-    metrics.dead_letters.labels(lane=lane, code=error.code).inc()
-    log.warning("dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset,
-                code=error.code, reason=error.message)
-
-
-def send_reply(producer, request, reply) -> None:
-    """Answer on the request's own reply topic, keyed by its correlation id."""
-    producer.send(request.reply_to, key=request.request_id.encode(), value=encode(reply))
+def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int, **extra) -> KafkaConsumer:
+    """A consumer that never commits on its own: offsets are committed only after the work is written."""
+    return KafkaConsumer(
+        **kafka.client_kwargs(),
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+        max_poll_records=max_poll_records,
+        client_id=client_id,
+        # A group joined before its topics' metadata arrived gets an empty assignment until
+        # the next refresh: keep refreshes frequent so new or grown topics are noticed.
+        metadata_max_age_ms=10_000,
+        **({"session_timeout_ms": kafka.session_timeout_ms} if kafka.session_timeout_ms else {}),
+        **extra,
+    )
 
 
 def broker_reachable(consumer) -> bool:
@@ -91,41 +54,14 @@ def broker_reachable(consumer) -> bool:
         return bool(consumer.bootstrap_connected())
 
 
-def run_until_signalled(worker, metrics_port: int | None, checks: dict[str, Callable[[], bool]], name: str,
-                        host: str = "0.0.0.0") -> None:
-    """Serve /healthz /readyz /metrics, run the loop in a thread, stop cleanly on SIGTERM/SIGINT."""
-    thread = threading.Thread(target=worker.run, name=name)
-    server = None
-    if metrics_port:
-        server = serve(metrics_port, worker.metrics.registry, alive=lambda: thread.is_alive(),
-                       checks={"model": lambda: worker.ready.is_set(), **checks}, host=host)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop())
-    frozen = freeze_startup_objects()  # the model is loaded: no full GC walks it mid-request
-    log.info("startup objects frozen for the garbage collector", objects=frozen)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.5)
-    if server:
-        server.shutdown()
-    log.info(f"{name} stopped")
-
-
-def commit_finished(consumer, producer, tracker: OffsetTracker, *, wait: bool = True, flush_timeout_s: float = 30.0,
-                    **context) -> None:
+def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **context) -> None:
     """Commit the offsets of finished work on the partitions the consumer still owns.
 
-    Dead letters and replies are acknowledged first (their records count as finished only then);
-    a producer that cannot flush leaves those records uncommitted instead of hanging the loop.
-    ``wait=False`` is for rebalance listeners: kafka-python 3 runs them on its IO thread, which
-    refuses blocking calls, and an async commit still reaches the coordinator before the re-join.
-    A failed synchronous commit keeps its offsets for the next call.
+    The caller has let dead letters and replies be acknowledged first (their records count as
+    finished only then). ``wait=False`` is for rebalance listeners: kafka-python 3 runs them on its
+    IO thread, which refuses blocking calls, and an async commit still reaches the coordinator
+    before the re-join. A failed synchronous commit keeps its offsets for the next call.
     """
-    try:
-        producer.flush(timeout=flush_timeout_s)
-    except KafkaError as exc:
-        log.error("dead letters or replies not acknowledged; committing only finished work",
-                  error=str(exc)[:300], **context)
     offsets = tracker.drain()
     owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
     commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}

@@ -16,30 +16,28 @@ embed, retrieve from Qdrant, then rerank) with the ``group_rerank`` consumer gro
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from pydantic import Field
 
 from embedstream import logs
-from embedstream.config import Settings
+from embedstream.config import Settings, WorkerSettings
 from embedstream.engine.engine import Engine, ScoreRequest, ScoreResult, StageTimings
 from embedstream.engine.errors import EngineError
 from embedstream.schemas import ErrorInfo
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
-from embedstream.workers import kafka_io
-from embedstream.workers.kafka_io import WorkerLoop, broker_reachable, commit_finished, send_dead_letter, send_reply, subscribe
 from embedstream.workers.batching_window import BatchingWindow
+from embedstream.workers.lane import Taken
+from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.metrics import WorkerMetrics
-from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.search import Retrieved, Searcher, SearchError
+from embedstream.workers.serve import run_until_signalled
+
+__all__ = ["RerankOptions", "RerankWorker", "build_rerank_worker", "run_until_signalled"]
 
 log = logs.get("embedstream.rerank")
 
@@ -47,24 +45,21 @@ LANE_RERANK = "rerank"
 LANE_SEARCH = "search"
 
 
-@dataclass
-class RerankOptions:
-    max_candidates: int = 50  # more is refused, or cut to this many when the request says cut=true
-    max_pairs_per_pass: int = 512  # pairs of several queued requests scored in one Engine.score call
-    batch_window_ms: float = 2.0  # how long a fresh request may wait for others to join its pass
-    max_queue_requests: int = 256  # above it the partitions are paused (bounded memory)
+class RerankOptions(WorkerSettings):
+    """The worker knobs (``EMBEDSTREAM_WORKER__*``: max_candidates, max_pairs_per_pass, batch_window_ms,
+    max_queue_requests, ...) plus the collection searched when a request names none."""
+
     default_collection: str = "docs"
-    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{threading.get_ident()}")
+    worker_id: str = Field(default_factory=lambda: new_worker_id("rerank"))
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides) -> "RerankOptions":
+        return cls(**{**settings.worker.model_dump(), "default_collection": settings.qdrant.collection, **overrides})
 
 
 @dataclass
-class _Item:
-    lane: str
-    topic: str
-    partition: int
-    offset: int
-    handle: list
-    request: RerankRequest | SearchRequest
+class _Item(Taken):
+    request: RerankRequest | SearchRequest | None = None
     candidates: list[Candidate] = field(default_factory=list)
     received: float = field(default_factory=time.perf_counter)
 
@@ -74,23 +69,13 @@ class _Item:
             return self.request.top_k if self.request.rerank else 0
         return len(self.candidates)
 
+    tokens = pairs  # what the lane's queue counts
+
 
 class _Rejected(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code, self.message = code, message
-
-
-class _Revocations(ConsumerRebalanceListener):
-    def __init__(self, worker: "RerankWorker"):
-        self.worker = worker
-
-    def on_partitions_revoked(self, revoked):
-        self.worker._commit(wait=False)  # runs on kafka-python's IO thread: no blocking calls
-        self.worker._drop({(tp.topic, tp.partition) for tp in revoked})
-
-    def on_partitions_assigned(self, assigned):
-        log.info("partitions assigned", partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
 
 
 class RerankWorker(WorkerLoop):
@@ -99,59 +84,43 @@ class RerankWorker(WorkerLoop):
     name = "rerank worker"
 
     def __init__(self, settings: Settings, engine: Engine, options: RerankOptions | None = None,
-                 metrics: WorkerMetrics | None = None, searcher: Searcher | None = None):
+                 metrics: WorkerMetrics | None = None, searcher: Searcher | None = None, owns_store: bool = False):
         if engine.spec.kind != "rerank":
             raise ValueError(f"model {engine.spec.name!r} is a {engine.spec.kind} model; the rerank worker needs a cross-encoder")
         self.settings = settings
-        self.kafka = settings.kafka
         self.engine = engine
-        self.options = options or RerankOptions(default_collection=settings.qdrant.collection)
-        self.metrics = metrics or WorkerMetrics(model=engine.spec.name)
+        self.options = options or RerankOptions.from_settings(settings)
         self.searcher = searcher
-        self.queue: deque[_Item] = deque()
+        self.owns_store = owns_store  # close the searcher's store with the worker (it was opened for it)
+        super().__init__(settings.kafka, self.options, metrics or WorkerMetrics(model=engine.spec.name),
+                         self.options.worker_id)
         self.window = BatchingWindow(self.options.batch_window_ms)
-        self.offsets = OffsetTracker()
-        self.paused = False
-        super().__init__()
-        client = self.kafka.client_kwargs()
-        self.producer = KafkaProducer(**client, acks="all", linger_ms=0, retries=5)
-        self.consumer = KafkaConsumer(
-            **client,
-            group_id=self.kafka.group_rerank,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=self.kafka.fetch_max_wait_ms,
-            max_poll_records=64,
-            client_id=f"embedstream-rerank-{self.options.worker_id}",
-        )
-        subscribe(self.consumer, [self.kafka.topic_rerank, self.kafka.topic_search], _Revocations(self))
-        self.consumers = {"rerank": self.consumer}  # runtime/health helpers look consumers up here
+        self.lane = self.add_lane(LANE_RERANK, [self.kafka.topic_rerank, self.kafka.topic_search], self.kafka.group_rerank,
+                                  64, full=lambda queue: len(queue) >= self.options.max_queue_requests)
 
     # -- intake ---------------------------------------------------------------------------------
-    def _poll(self, timeout_ms: int) -> int:
-        self._apply_backpressure()
-        batches = self.consumer.poll(timeout_ms=timeout_ms)
-        records = [r for recs in batches.values() for r in recs]
+    def intake(self, timeout_ms: int) -> int:
+        records = self.lane.poll(timeout_ms)
         received = time.perf_counter()
         for record in records:
-            handle = self.offsets.track(record.topic, record.partition, record.offset)
+            handle = self.lane.track(record)
             search = record.topic == self.kafka.topic_search
-            lane = LANE_SEARCH if search else LANE_RERANK
+            label = LANE_SEARCH if search else LANE_RERANK
             try:
-                request = decode(record.value, SearchRequest if search else RerankRequest, self.settings.kafka.max_record_bytes)
+                request = decode(record.value, SearchRequest if search else RerankRequest, self.kafka.max_record_bytes)
             except DecodeError as err:
-                self._dead_letter(record, err.to_error_info(), handle, lane)
+                self.lane.dead_letter(record, err.to_error_info(), handle, label)
                 continue
+            item = _Item(label, record, handle, request, received=received)
             try:
-                candidates = self._check(request)
+                item.candidates = self._check(request)
             except _Rejected as err:
-                self._reject(lane, request, handle, err.code, err.message)
+                self._reject(item, err.code, err.message)
                 continue
-            self.queue.append(_Item(lane, record.topic, record.partition, record.offset, handle, request,
-                                    candidates, received))
+            self.lane.queue.push(item)
         if records:
             self.window.arrived(received, len(records))
-            self.metrics.queue_depth(LANE_RERANK, len(self.queue), sum(i.pairs for i in self.queue))
+            self.metrics.queue_depth(LANE_RERANK, len(self.lane.queue), self.lane.queue.tokens)
         return len(records)
 
     def _check(self, request: RerankRequest | SearchRequest) -> list[Candidate]:
@@ -184,53 +153,33 @@ class RerankWorker(WorkerLoop):
             raise _Rejected("empty_text", f"candidate(s) with empty text: {', '.join(empty[:10])}")
         return candidates
 
-    def _reject(self, lane: str, request, handle, code: str, message: str, timings: dict | None = None) -> None:
+    def _reject(self, item: _Item, code: str, message: str, timings: dict | None = None) -> None:
         info = ErrorInfo(code=code, message=message)
+        request = item.request
         if isinstance(request, SearchRequest):
             reply: Any = SearchReply(request_id=request.request_id, error=info, timings_ms=timings or {})
         else:
             reply = RerankReply(request_id=request.request_id, error=info, model=self.engine.spec.name,
                                 timings_ms=timings or {})
-        self._reply(request, reply)
-        OffsetTracker.done(handle)
-        self.metrics.errors.labels(lane=lane, code=code).inc()
-
-    def _dead_letter(self, record, error: ErrorInfo, handle, lane: str) -> None:
-        send_dead_letter(self.producer, self.kafka.topic_dead_letters, record, error, handle,
-                         self.options.worker_id, self.metrics, lane)
-
-    def _reply(self, request, reply) -> None:
-        send_reply(self.producer, request, reply)
-
-    def _apply_backpressure(self) -> None:
-        full = len(self.queue) >= self.options.max_queue_requests
-        if full and not self.paused:
-            self.consumer.pause(*self.consumer.assignment())
-            self.paused = True
-        elif not full and self.paused:
-            self.consumer.resume(*self.consumer.paused())
-            self.paused = False
-
-    def _drop(self, partitions: set[tuple[str, int]]) -> None:
-        self.queue = deque(i for i in self.queue if (i.topic, i.partition) not in partitions)
-        self.offsets.forget(partitions)
+        self.lane.reply(item.record, request, reply, item.handle, item.lane)
+        self.metrics.errors.labels(lane=item.lane, code=code).inc()
 
     # -- batch formation -------------------------------------------------------------------------
     def _await_window(self) -> None:
         """Give a fresh pass up to ``batch_window_ms`` to gather more requests, while traffic is dense."""
-        if self.queue:
-            self.window.gather(self.queue[0].received, lambda: self._poll(1),
-                               lambda: sum(i.pairs for i in self.queue) >= self.options.max_pairs_per_pass)
+        oldest = self.lane.queue.oldest
+        if oldest is not None:
+            self.window.gather(oldest.received, lambda: self.intake(1),
+                               lambda: self.lane.queue.tokens >= self.options.max_pairs_per_pass)
 
     def _take(self) -> list[_Item]:
+        """A FIFO prefix of requests whose pairs fit one pass (a single larger request runs alone)."""
+        queue = self.lane.queue
         taken: list[_Item] = []
         pairs = 0
-        while self.queue:
-            nxt = self.queue[0].pairs
-            if taken and pairs + nxt > self.options.max_pairs_per_pass:
-                break
-            taken.append(self.queue.popleft())
-            pairs += nxt
+        while queue and not (taken and pairs + queue.oldest.pairs > self.options.max_pairs_per_pass):
+            pairs += queue.oldest.pairs
+            taken += queue.take(1)
         return taken
 
     # -- processing ------------------------------------------------------------------------------
@@ -242,7 +191,7 @@ class RerankWorker(WorkerLoop):
             wait_ms = (start - item.received) * 1000
             self.metrics.observe_stage("queue_wait", item.lane, wait_ms)
             if item.request.deadline_ms and item.request.deadline_ms < now:
-                self._reject(item.lane, item.request, item.handle, "deadline_exceeded",
+                self._reject(item, "deadline_exceeded",
                              "the request's deadline passed before it was served",
                              {"queue_wait": wait_ms, "total": wait_ms})
                 continue
@@ -254,11 +203,11 @@ class RerankWorker(WorkerLoop):
                 try:
                     retrieved[pos] = self.searcher.retrieve(item.request)  # type: ignore[union-attr]
                 except SearchError as err:
-                    self._reject(item.lane, item.request, item.handle, err.code, err.message)
+                    self._reject(item, err.code, err.message)
                     continue
                 except Exception as exc:  # noqa: BLE001 - store/embedder failure: this request fails, loop goes on
                     log.warning("search failed", request_id=item.request.request_id, error=str(exc)[:300])
-                    self._reject(item.lane, item.request, item.handle, "search_failed", str(exc)[:500])
+                    self._reject(item, "search_failed", str(exc)[:500])
                     continue
                 t = retrieved[pos].timings_ms
                 self.metrics.observe_stage("embed", item.lane, t.get("embed", 0.0))
@@ -283,7 +232,7 @@ class RerankWorker(WorkerLoop):
                 code, message = (exc.code, exc.message) if isinstance(exc, EngineError) else ("internal_error", str(exc)[:500])
                 log.error("rerank pass failed", error=message, requests=len(served), pairs=len(pairs))
                 for pos in served:
-                    self._reject(live[pos].lane, live[pos].request, live[pos].handle, code, message)
+                    self._reject(live[pos], code, message)
                 return
             rerank_ms = (time.perf_counter() - pass_start) * 1000
             for result in scored:
@@ -307,7 +256,6 @@ class RerankWorker(WorkerLoop):
             else:
                 self._answer_search(item, retrieved[pos], results[pos] if item.request.rerank else None, start,
                                     rerank_ms)
-            OffsetTracker.done(item.handle)
             self.metrics.observe_stage("reply", item.lane, (time.perf_counter() - reply_start) * 1000)
 
     def _answer_rerank(self, item: _Item, results: dict[int, ScoreResult], start: float, timings: StageTimings,
@@ -320,13 +268,14 @@ class RerankWorker(WorkerLoop):
         if failed:  # e.g. a query so long that no passage fits: the ranking would be partial
             code = failed[0][1].code
             message = "; ".join(f"{cid}: {err.message}" for cid, err in failed[:5])
-            self._reject(item.lane, request, item.handle, code, message, times)
+            self._reject(item, code, message, times)
             return
         order = sorted(results.items(), key=lambda kv: (-kv[1].score, kv[0]))
         ranked = [RankedResult(id=item.candidates[i].id, score=r.score, rank=rank, truncated=r.truncated)
                   for rank, (i, r) in enumerate(order[: request.top_n], 1)]
-        self._reply(request, RerankReply(request_id=request.request_id, results=ranked, timings_ms=times,
-                                         model=self.engine.spec.name))
+        self.lane.reply(item.record, request, RerankReply(request_id=request.request_id, results=ranked,
+                                                          timings_ms=times, model=self.engine.spec.name),
+                        item.handle, item.lane)
 
     def _answer_search(self, item: _Item, retrieved: Retrieved, results: dict[int, ScoreResult] | None,
                        start: float, rerank_ms: float) -> None:
@@ -335,20 +284,17 @@ class RerankWorker(WorkerLoop):
                  "rerank": rerank_ms if results is not None else 0.0}
         times["total"] = (time.perf_counter() - item.received) * 1000
         reply = Searcher.assemble(request, retrieved, results, times, self.engine.spec.name)
-        self._reply(request, reply)
-
-    def _commit(self, wait: bool = True) -> None:
-        commit_finished(self.consumer, self.producer, self.offsets, wait=wait, lane="rerank")
+        self.lane.reply(item.record, request, reply, item.handle, item.lane)
 
     def run_once(self) -> int:
         """Poll, form one pass, score it, reply, commit. Returns requests processed."""
-        self._poll(0 if self.queue else 20)
+        self.intake(0 if self.lane.queue else 20)
         self._await_window()
         batch = self._take()
         if batch:
             self._process(batch)
-        self._commit()
-        self.metrics.lag(LANE_RERANK, self.consumer)
+        self.lane.commit()
+        self.metrics.lag(LANE_RERANK, self.lane.consumer)
         return len(batch)
 
     def started_fields(self) -> dict:
@@ -356,13 +302,15 @@ class RerankWorker(WorkerLoop):
                 "search": self.searcher is not None, "max_candidates": self.options.max_candidates,
                 "max_batch_tokens": self.engine.limits.max_batch_tokens}
 
-    def close(self) -> None:
-        try:
-            self._commit()
-        except Exception as exc:  # noqa: BLE001 - closing: report and carry on
-            log.warning("final commit failed", error=str(exc))
-        self.consumer.close(autocommit=False)
-        self.producer.close()
+    def close_resources(self) -> None:
+        if self.owns_store and self.searcher is not None:
+            self.searcher.store.close()
+
+    def readiness_checks(self) -> dict:
+        checks = super().readiness_checks()
+        if self.searcher is not None:
+            checks["qdrant"] = lambda: self.searcher.store.list_collections() is not None
+        return checks
 
 
 def build_rerank_worker(settings: Settings, model: str, embed_model: str | None = None, store=None,
@@ -387,16 +335,6 @@ def build_rerank_worker(settings: Settings, model: str, embed_model: str | None 
         else:
             embedder = Engine.from_name(embed_model or settings.default_model, settings)
         searcher = Searcher(store, embedder, engine, settings.qdrant.collection)
-    options = options or RerankOptions(default_collection=settings.qdrant.collection,
-                                       batch_window_ms=settings.kafka.online_batch_window_ms)
-    return RerankWorker(settings, engine, options, WorkerMetrics(model=engine.spec.name), searcher)
-
-
-def run_until_signalled(worker: RerankWorker, metrics_port: int | None, host: str = "0.0.0.0") -> None:
-    """Serve /healthz /readyz /metrics and run until SIGTERM/SIGINT; close the store afterwards."""
-    checks = {"broker": lambda: broker_reachable(worker.consumer)}
-    if worker.searcher is not None:
-        checks["qdrant"] = lambda: worker.searcher.store.list_collections() is not None
-    kafka_io.run_until_signalled(worker, metrics_port, checks, "rerank worker", host)
-    if worker.searcher is not None:
-        worker.searcher.store.close()
+    options = options or RerankOptions.from_settings(settings)
+    return RerankWorker(settings, engine, options, WorkerMetrics(model=engine.spec.name), searcher,
+                        owns_store=searcher is not None)

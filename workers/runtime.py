@@ -1,4 +1,4 @@
-"""Assemble a worker from settings: engine, vector store, sink, Kafka loop, health endpoints."""
+"""Assemble workers from settings: engine, vector store, sink, options; ``run_until_signalled`` runs any of them."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from embedstream.config import Settings
 from embedstream.engine.engine import Engine
 from embedstream.vectorstore.factory import open_store
 from embedstream.workers.embed_worker import EmbedWorker, WorkerOptions
-from embedstream.workers.kafka_io import broker_reachable
-from embedstream.workers.kafka_io import run_until_signalled as run_until_signalled_generic
 from embedstream.workers.metrics import WorkerMetrics
+from embedstream.workers.serve import run_until_signalled
 from embedstream.workers.sink import QdrantSink, SinkConfig
+
+__all__ = ["build_embed_worker", "open_settings_store", "run_until_signalled", "sink_config_from"]
 
 
 def open_settings_store(settings: Settings):
@@ -24,19 +25,9 @@ def sink_config_from(settings: Settings) -> SinkConfig:
 
 def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | None = None, store=None,
                        options: WorkerOptions | None = None, engine: Engine | None = None) -> EmbedWorker:
+    """An embed worker on ``lanes``; its knobs come from ``settings.worker`` unless ``options`` are given."""
     engine = engine or Engine.from_name(model or settings.default_model, settings)
     store = store if store is not None else open_settings_store(settings)
-    sink_config = sink_config_from(settings)
-    sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config)
-    options = options or WorkerOptions(lanes=lanes, online_window_ms=settings.kafka.online_batch_window_ms)
+    sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config_from(settings))
+    options = options or WorkerOptions.from_settings(settings, lanes)
     return EmbedWorker(settings, engine, sink, options, WorkerMetrics(model=engine.spec.name))
-
-
-def run_until_signalled(worker: EmbedWorker, metrics_port: int | None) -> None:
-    """Serve health/metrics, stop cleanly on SIGTERM/SIGINT (final commit of finished work)."""
-    consumers = list(worker.consumers.values())
-    checks = {
-        "broker": lambda: all(broker_reachable(c) for c in consumers),
-        "qdrant": lambda: worker.sink.store.list_collections() is not None,
-    }
-    run_until_signalled_generic(worker, metrics_port, checks, "embed worker")

@@ -102,7 +102,8 @@ def run_mode(mode: str, engine, bootstrap: str, chunks: int, words: int, warmup_
     store = StallingStore(open_store(":memory:", None, None), mode)
     worker = build_embed_worker(settings, ("bulk",), store=store, engine=engine)
     worker.options.sink_backoff_s = sink_backoff_s
-    consumer = worker.consumers["bulk"]
+    lane = worker.lanes["bulk"]
+    consumer = lane.consumer
     probe = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=settings.kafka.group_bulk, enable_auto_commit=False)
     topic = settings.kafka.topic_chunks_bulk
     partitions = [TopicPartition(topic, p) for p in sorted(probe.partitions_for_topic(topic))]
@@ -126,9 +127,9 @@ def run_mode(mode: str, engine, bootstrap: str, chunks: int, words: int, warmup_
                     "t": now - start,
                     "phase": phase,
                     "rss_mib": process.memory_info().rss / 2**20,
-                    "queued_tokens": worker.queued_tokens["bulk"],
-                    "queued_items": len(worker.queues["bulk"]),
-                    "paused": bool(worker.paused["bulk"] or consumer.paused()),
+                    "queued_tokens": lane.queue.tokens,
+                    "queued_items": len(lane.queue),
+                    "paused": bool(lane.paused or consumer.paused()),
                     "committed": sum(probe.committed(tp, timeout_ms=5000) or 0 for tp in partitions),
                     "points": _points(store, collection),
                 })

@@ -65,8 +65,7 @@ def worker_rerank(
         settings.engine.threads = threads
     if max_candidates < 1:
         raise typer.BadParameter("max_candidates must be at least 1")
-    options = RerankOptions(max_candidates=max_candidates, default_collection=settings.qdrant.collection,
-                            batch_window_ms=settings.kafka.online_batch_window_ms)
+    options = RerankOptions.from_settings(settings, max_candidates=max_candidates)
     worker = build_rerank_worker(settings, model, embed_model, options=options, search=search, remote_embed=remote_embed)
     run_until_signalled(worker, metrics_port or None)
 

@@ -70,10 +70,10 @@ class Rig:
     def __enter__(self):
         for t in self.threads:
             t.start()
-        online = self.worker.consumers["online"]
+        online = self.worker.lanes["online"].consumer
         try:
             wait_for(lambda: any(tp.topic == self.settings.kafka.topic_chunks_online for tp in online.assignment())
-                     and self.bridge.consumer.assignment(), 60, "the worker and the bridge to get their partitions")
+                     and self.bridge.lane.consumer.assignment(), 60, "the worker and the bridge to get their partitions")
         except AssertionError:
             self.__exit__(None, None, None)
             raise

@@ -61,13 +61,13 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
     other = None
     progress = _GroupProgress(settings, topic, group)
     try:
-        consumer = worker.consumers["bulk"]
+        consumer = worker.lanes["bulk"].consumer
         end = time.monotonic() + 60
-        while (not consumer.assignment() or len(worker.queues["bulk"]) < len(events)) and time.monotonic() < end:
-            worker._poll("bulk", 200)
-        assert len(worker.queues["bulk"]) == len(events)
-        while batch := worker._next_batch():
-            worker._process(batch)  # written to the store, not committed yet
+        while (not consumer.assignment() or len(worker.lanes["bulk"].queue) < len(events)) and time.monotonic() < end:
+            worker.intake("bulk", 200)
+        assert len(worker.lanes["bulk"].queue) == len(events)
+        while batch := worker.next_batch():
+            worker.process(batch)  # written to the store, not committed yet
         assert store.count(settings.qdrant.collection) == len(events) and progress.committed() == 0
         other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
         other.subscribe([topic])
@@ -81,7 +81,7 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
         member.start()
         end = time.monotonic() + 60
         while len(consumer.assignment()) != 1 and time.monotonic() < end:
-            worker._poll("bulk", 200)  # the revocation happens inside this poll
+            worker.intake("bulk", 200)  # the revocation happens inside this poll
         joined.set()
         member.join(10)
         assert len(consumer.assignment()) == 1

@@ -97,7 +97,7 @@ def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, min
     with RunningWorker(settings, minilm_engine, store, lanes=("bulk",)) as worker:
         wait_for(lambda: store.collection_exists("docs") and store.count("docs") == len(good), 120, "good events indexed")
         letters = read_dead_letters(settings, len(poison))
-        wait_for(lambda: worker.offsets["bulk"].outstanding() == 0, 30, "all records finished")
+        wait_for(lambda: worker.lanes["bulk"].offsets.outstanding() == 0, 30, "all records finished")
     codes = sorted(letter.error.code for letter in letters)
     assert codes == sorted(["malformed_json", "unknown_schema_version", "invalid_event", "too_long", "unknown_model",
                             "record_too_large"])
@@ -114,7 +114,7 @@ def test_bad_events_are_dead_lettered_and_good_ones_indexed(kafka_bootstrap, min
 def test_online_window_holds_bursts_but_not_a_lone_query(kafka_bootstrap, minilm_engine):
     """A 300 ms window: a query after a quiet spell is not held for it; a burst shares passes."""
     settings = isolated_settings(kafka_bootstrap, "window")
-    settings.kafka.online_batch_window_ms = 300
+    settings.worker.batch_window_ms = 300
     ensure_topics(settings.kafka, partitions=2)
     with QueryClient(settings.kafka) as client, RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)) as worker:
         wait_for(lambda: worker.ready.is_set(), 120, "worker ready")

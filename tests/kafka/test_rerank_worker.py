@@ -17,7 +17,8 @@ from embedstream.producers.query_client import QueryClient
 from embedstream.schemas import ChunkEvent, DeadLetter
 from embedstream.schemas.codec import decode
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
-from embedstream.workers.rerank_worker import RerankOptions, RerankWorker, broker_reachable
+from embedstream.workers.kafka_io import broker_reachable
+from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
 from embedstream.workers.search import Searcher
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
@@ -85,7 +86,7 @@ def test_rerank_scores_match_cross_encoder_and_requests_share_a_pass(kafka_boots
         assert [r.id for r in reply.results if r.truncated] == ["long"]  # cut to fit the model, flagged
         assert {"queue_wait", "tokenize", "rerank", "total"} <= set(reply.timings_ms)
         assert reply.timings_ms["rerank"] > 0 and reply.timings_ms["total"] >= reply.timings_ms["rerank"]
-        assert broker_reachable(worker.consumer)  # what /readyz reports as "broker"
+        assert broker_reachable(worker.lane.consumer)  # what /readyz reports as "broker"
 
         top = _ask(client, settings, _request(client, query, cands, top_n=5))
         assert [r.id for r in top.results] == [r.id for r in reply.results[:5]]
@@ -175,7 +176,7 @@ def test_error_replies_dead_letters_and_search_over_kafka(kafka_bootstrap, ce_en
         assert all(h.rerank_score is None for h in filtered.hits)
         missing = search(collection="nope")
         assert missing.error.code == "unknown_collection"
-        wait_for(lambda: worker.offsets.outstanding() == 0, 30, "every record finished")
+        wait_for(lambda: worker.lane.offsets.outstanding() == 0, 30, "every record finished")
     # everything was finished, so the committed offsets reach the log end of both topics
     consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=settings.kafka.group_rerank, enable_auto_commit=False)
     for topic in (settings.kafka.topic_rerank, settings.kafka.topic_search):

@@ -189,9 +189,9 @@ def test_second_worker_joins_and_leaves_mid_stream_loses_nothing(kafka_bootstrap
         wait_for(lambda: count() >= 60, 60, "the first worker indexing")
         joined_at = producer.sent
         with second as two:  # joins: the group rebalances the 4 partitions over both
-            wait_for(lambda: len(two.consumers["bulk"].assignment()) > 0 and embedded(two) >= 80, 60,
+            wait_for(lambda: len(two.lanes["bulk"].consumer.assignment()) > 0 and embedded(two) >= 80, 60,
                      "the second worker taking partitions and indexing")
-            assert 0 < len(one.consumers["bulk"].assignment()) < 4
+            assert 0 < len(one.lanes["bulk"].consumer.assignment()) < 4
         # the second worker stopped and left the group mid-stream: its partitions go back to the first
         left_at = producer.sent
         assert left_at < len(events), "the second worker should leave while events are still produced"
@@ -205,7 +205,7 @@ def test_second_worker_joins_and_leaves_mid_stream_loses_nothing(kafka_bootstrap
         finally:
             progress.close()
         assert first.thread.is_alive(), "the first worker died in a rebalance"
-        assert len(one.consumers["bulk"].assignment()) == 4
+        assert len(one.lanes["bulk"].consumer.assignment()) == 4
         print(f"\njoined at {joined_at}, left at {left_at} of {len(events)} produced; embedded "
               f"{embedded(one):.0f} + {embedded(two):.0f} (redelivered {embedded(one) + embedded(two) - end:.0f})")
     assert end == len(events)

@@ -1,0 +1,180 @@
+"""A lane: one consumer group's work inside a worker, from fetch to commit.
+
+A lane owns its consumer, a bounded queue of decoded work, the offsets that may be committed, the
+pause/resume backpressure on that queue, and what a rebalance does to them (finished work is
+committed, queued work of revoked partitions is dropped: the new owner gets it redelivered). The
+embed worker runs one lane per consumer group (online, bulk); the rerank worker and the CDC bridge
+run one each. Records leave a lane as written results, replies or dead letters, never silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+
+from embedstream import logs
+from embedstream.config import KafkaSettings
+from embedstream.schemas import ErrorInfo
+from embedstream.workers.kafka_io import broker_reachable, commit_finished, new_consumer, subscribe
+from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.outbox import Outbox
+from embedstream.workers.scheduler import WorkQueue
+
+log = logs.get("embedstream.worker")
+
+
+@dataclass
+class Taken:
+    """A record taken from a lane: where it came from, and the handle that finishes its offset."""
+
+    lane: str  # the metrics label (the rerank worker's one lane serves "rerank" and "search")
+    record: Any  # the Kafka record, kept for its dead letter
+    handle: list
+
+    @property
+    def topic(self) -> str:
+        return self.record.topic
+
+    @property
+    def partition(self) -> int:
+        return self.record.partition
+
+    @property
+    def offset(self) -> int:
+        return self.record.offset
+
+
+class Lane:
+    """Consumer + queue + offsets + backpressure + revocation handling of one consumer group."""
+
+    def __init__(self, name: str, kafka: KafkaSettings, topics: list[str], group: str, outbox: Outbox, *,
+                 worker_id: str, max_poll_records: int, full: Callable[[WorkQueue], bool] = lambda _q: False,
+                 flush_timeout_s: float = 30.0, **consumer_extra):
+        self.name = name
+        self.topics = topics
+        self.outbox = outbox
+        self.queue: WorkQueue = WorkQueue()
+        self.offsets = OffsetTracker()
+        self.paused = False
+        self._full = full
+        self.flush_timeout_s = flush_timeout_s
+        self.consumer = new_consumer(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records, **consumer_extra)
+        subscribe(self.consumer, topics, _Rebalance(self))
+
+    # -- intake ---------------------------------------------------------------------------------
+    def poll(self, timeout_ms: int) -> list:
+        """Fetch records (none while the queue is full: the partitions are paused); each is tracked."""
+        self.apply_backpressure()
+        batches = self.consumer.poll(timeout_ms=timeout_ms)
+        return [record for records in batches.values() for record in records]
+
+    def track(self, record) -> list:
+        """Register a fetched record; its offset commits once ``OffsetTracker.done(handle)``."""
+        return self.offsets.track(record.topic, record.partition, record.offset)
+
+    def joining_timeout(self, wanted_ms: int) -> int:
+        """A consumer still joining its group needs blocking polls to finish the join."""
+        return wanted_ms if self.consumer.assignment() else max(wanted_ms, 100)
+
+    def apply_backpressure(self) -> None:
+        """Pause the lane's partitions while its queue is full (bounded memory), resume when drained."""
+        full = self._full(self.queue)
+        if full and not self.paused:
+            self.consumer.pause(*self.consumer.assignment())
+            self.paused = True
+        elif not full and self.paused:
+            self.consumer.resume(*self.consumer.paused())
+            self.paused = False
+
+    # -- outcomes -------------------------------------------------------------------------------
+    def dead_letter(self, record, error: ErrorInfo, handle: list, metrics_lane: str | None = None) -> None:
+        self.outbox.dead_letter(record, error, handle, metrics_lane or self.name)
+
+    def reply(self, record, request, reply, handle: list, metrics_lane: str | None = None) -> None:
+        self.outbox.reply(record, request, reply, handle, metrics_lane or self.name)
+
+    # -- offsets and ownership ------------------------------------------------------------------
+    def commit(self, wait: bool = True) -> None:
+        """Commit every finished contiguous run; dead letters and replies are acknowledged first."""
+        self.outbox.settle(self.flush_timeout_s)
+        commit_finished(self.consumer, self.offsets, wait=wait, lane=self.name)
+
+    def drop(self, partitions: set[tuple[str, int]]) -> None:
+        """Forget queued work and offsets of partitions this worker no longer owns."""
+        self.queue.keep(lambda item: (item.topic, item.partition) not in partitions)
+        self.offsets.forget(partitions)
+
+    def hold(self) -> list:
+        """Pause every assigned partition (a sink outage); returns what to ``release`` later."""
+        assigned = list(self.consumer.assignment())
+        self.consumer.pause(*assigned)
+        return assigned
+
+    def keep_membership(self, timeout_ms: int = 50) -> None:
+        """Poll while held: the group keeps this member, nothing is fetched."""
+        self.consumer.poll(timeout_ms=timeout_ms)
+
+    def release(self, held: list) -> None:
+        self.consumer.resume(*[tp for tp in held if tp in self.consumer.assignment()])
+        self.paused = False
+
+    def reachable(self) -> bool:
+        return broker_reachable(self.consumer)
+
+    def close(self) -> None:
+        try:
+            self.commit()
+        except Exception as exc:  # noqa: BLE001 - closing: report and carry on
+            log.warning("final commit failed", lane=self.name, error=str(exc)[:300])
+        self.consumer.close(autocommit=False)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Commit finished work, drop queued work of revoked partitions (it is redelivered to their new owner)."""
+
+    def __init__(self, lane: Lane):
+        self.lane = lane
+
+    def on_partitions_revoked(self, revoked):
+        # kafka-python 3 calls this on the consumer's IO thread, which refuses blocking calls: commit async
+        self.lane.commit(wait=False)
+        self.lane.drop({(tp.topic, tp.partition) for tp in revoked})
+
+    def on_partitions_assigned(self, assigned):
+        log.info("partitions assigned", lane=self.lane.name,
+                 partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
+
+
+# -- what a failed write means for its records ----------------------------------------------------
+TRANSIENT, PERMANENT, UNKNOWN = "transient", "permanent", "unknown"
+
+
+def failure_kind(exc: BaseException) -> str:
+    """Classify a failed write (sink upsert/delete, publish) for the records in it.
+
+    transient: the target is away or busy (connection refused, timeouts, 5xx/429, a retriable
+    Kafka error): back off and keep the offset, however long it takes. permanent: the target
+    rejected what was sent (invalid collection name, vector config mismatch, a 4xx, a
+    non-retriable Kafka error such as a record too large): dead-letter the record with the
+    reason. unknown: retried like a transient error, but only up to ``record_retry_limit_s``.
+    """
+    from kafka.errors import KafkaError
+
+    seen = 0
+    while exc is not None and seen < 5:  # wrappers (PublishError) carry the client's error as the cause
+        if isinstance(exc, KafkaError):
+            return TRANSIENT if exc.retriable else PERMANENT
+        status = getattr(exc, "status_code", None)  # qdrant-client's UnexpectedResponse, httpx
+        if isinstance(status, int):
+            return TRANSIENT if status >= 500 or status in (408, 429) else PERMANENT
+        if type(exc).__name__ in ("ResponseHandlingException", "StoreLockedError", "TransportError"):
+            return TRANSIENT
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return TRANSIENT
+        if isinstance(exc, (ValueError, TypeError, KeyError)):
+            return PERMANENT
+        exc, seen = exc.__cause__, seen + 1
+    return UNKNOWN

@@ -1,0 +1,146 @@
+"""The loop every worker runs: lanes in, one step at a time, writes retried by failure kind, commits out.
+
+A worker subclass says what one step does (``run_once``) and which lanes it reads; this base
+owns the rest: the dead-letter/reply outbox, start-up (warm-up, then ready), the stop event, the
+final commit and close, readiness checks, and ``write_with_retry`` which decides what a failed
+write means for its records (``lane.failure_kind``): transient failures back off with every lane
+paused (the group keeps the member, nothing more is fetched, nothing commits); permanent ones,
+and unknown ones that outlast ``record_retry_limit_s``, come back as the reason to dead-letter.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from embedstream import logs
+from embedstream.config import KafkaSettings, WorkerSettings
+from embedstream.schemas import ErrorInfo
+from embedstream.workers.lane import PERMANENT, TRANSIENT, Lane, failure_kind
+from embedstream.workers.outbox import Outbox
+
+log = logs.get("embedstream.worker")
+
+
+def new_worker_id(kind: str) -> str:
+    """host-kind-thread: unique per worker in a process, readable in dead letters and client ids."""
+    return f"{socket.gethostname()}-{kind}-{threading.get_ident()}"
+
+
+class WorkerLoop:
+    """Lanes + outbox + run/stop/close; subclasses implement ``run_once``."""
+
+    name = "worker"
+
+    def __init__(self, kafka: KafkaSettings, tuning: WorkerSettings, metrics, worker_id: str):
+        self.kafka = kafka
+        self.tuning = tuning
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()
+        self.failure: BaseException | None = None  # why the loop ended, when it did not end by stop()
+        self.outbox = Outbox(kafka, worker_id, metrics)
+        self.lanes: dict[str, Lane] = {}
+
+    def add_lane(self, name: str, topics: list[str], group: str, max_poll_records: int,
+                 full: Callable = lambda _q: False, **consumer_extra) -> Lane:
+        lane = Lane(name, self.kafka, topics, group, self.outbox, worker_id=self.worker_id,
+                    max_poll_records=max_poll_records, full=full, flush_timeout_s=self.tuning.flush_timeout_s,
+                    **consumer_extra)
+        self.lanes[name] = lane
+        return lane
+
+    # -- what subclasses provide ----------------------------------------------------------------
+    def run_once(self) -> int:
+        raise NotImplementedError
+
+    def warm_up(self) -> None:
+        """Work done before the worker reports ready (e.g. building kernels for query shapes)."""
+
+    def started_fields(self) -> dict:
+        """What the start-up log line says about this worker."""
+        return {}
+
+    def readiness_checks(self) -> dict[str, Callable[[], bool]]:
+        """/readyz: broker reachable from every lane (subclasses add their stores)."""
+        return {"broker": lambda: all(lane.reachable() for lane in self.lanes.values())}
+
+    def close_resources(self) -> None:
+        """Close what the subclass owns besides lanes and outbox (stores, publishers)."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Loop until ``stop()``; an error that escapes a step ends the loop and is kept in ``failure``."""
+        try:
+            self.warm_up()
+            log.info(f"{self.name} started", **self.started_fields())
+            self.ready.set()
+            while not self.stop_event.is_set():
+                self.run_once()
+        except BaseException as exc:
+            if not self.stop_event.is_set():
+                self.failure = exc
+                log.error(f"{self.name} cannot continue", error=f"{type(exc).__name__}: {str(exc)[:500]}")
+            raise
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def commit(self, wait: bool = True) -> None:
+        for lane in self.lanes.values():
+            lane.commit(wait)
+
+    def close(self) -> None:
+        for lane in self.lanes.values():
+            lane.close()
+        try:
+            self.close_resources()
+        finally:
+            self.outbox.close()
+
+    # -- writes ---------------------------------------------------------------------------------
+    def write_with_retry(self, write: Callable[[], object], what: str, on_failure: Callable[[], None],
+                         limit_s: float | None = None) -> ErrorInfo | None:
+        """Run ``write`` until it succeeds (None) or fails permanently for its records (the reason).
+
+        Transient failures back off (``sink_backoff_s``) with every lane held, for as long as it
+        takes; unknown ones too, until ``limit_s`` (default ``record_retry_limit_s``); a permanent
+        one returns at once.
+        ``on_failure`` counts each failed attempt (the sink or publish failure metric)."""
+        delay, ceiling = self.tuning.sink_backoff_s
+        limit_s = self.tuning.record_retry_limit_s if limit_s is None else limit_s
+        first_failure: float | None = None
+        held: list[tuple[Lane, list]] = []
+        try:
+            while True:
+                try:
+                    write()
+                    return None
+                except Exception as exc:  # noqa: BLE001 - classified below; nothing escapes but a stop
+                    if self.stop_event.is_set():
+                        raise
+                    on_failure()
+                    kind = failure_kind(exc)
+                    first_failure = first_failure if first_failure is not None else time.monotonic()
+                    lasting = time.monotonic() - first_failure >= limit_s
+                    reason = f"{type(exc).__name__}: {str(exc)[:500]}"
+                    if kind == PERMANENT or (kind != TRANSIENT and lasting):
+                        log.warning(f"{what} failed permanently", kind=kind, error=reason)
+                        code = "write_rejected" if kind == PERMANENT else "write_failed_repeatedly"
+                        return ErrorInfo(code=code, message=f"{what} failed: {reason}")
+                    log.warning(f"{what} failed; backing off", kind=kind, error=reason[:300], retry_in_s=delay)
+                    if not held:
+                        held = [(lane, lane.hold()) for lane in self.lanes.values()]
+                    end = time.monotonic() + delay
+                    while time.monotonic() < end and not self.stop_event.is_set():
+                        for lane, _ in held:
+                            lane.keep_membership()
+                    delay = min(delay * 2, ceiling)
+        finally:
+            for lane, assigned in held:
+                lane.release(assigned)
