@@ -44,16 +44,15 @@ MAX_FILTER_STRING_CHARS = 1024
 PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 """No control characters (C0, DEL, C1): ids end up in log lines, Kafka keys and terminals."""
 
-TOPIC_PATTERN = r"^[a-zA-Z0-9_-][a-zA-Z0-9._-]*$"
-"""Kafka's topic characters; the first may not be '.', which rules out '.' and '..'."""
+SAFE_NAME_PATTERN = r"^[a-zA-Z0-9_-][a-zA-Z0-9._-]*$"
+"""Kafka topic and collection names: Kafka's topic characters, the first not '.' (no '.', '..',
+path separators or spaces)."""
 
-COLLECTION_PATTERN = r"^[a-zA-Z0-9_-][a-zA-Z0-9._-]*$"
-"""Letters, digits, '_', '-', '.', not starting with '.': no path separators, spaces or '..'."""
+TOPIC_PATTERN = COLLECTION_PATTERN = SAFE_NAME_PATTERN
 
 PATTERN_HINTS = {
     PRINTABLE_PATTERN: "must not contain control characters",
-    TOPIC_PATTERN: "must be a Kafka topic name: [a-zA-Z0-9._-], not starting with '.'",
-    COLLECTION_PATTERN: "must be a collection name: [a-zA-Z0-9._-], not starting with '.'",
+    SAFE_NAME_PATTERN: "must use only [a-zA-Z0-9._-] and not start with '.'",
 }
 """What a pattern means, for refusal messages (pydantic would quote the regular expression)."""
 
