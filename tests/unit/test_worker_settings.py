@@ -1,0 +1,69 @@
+"""Every worker knob is settable from EMBEDSTREAM_WORKER__*, one name each, and reaches the worker options."""
+
+from __future__ import annotations
+
+import pytest
+
+from embedstream.config import Settings, WorkerSettings
+from embedstream.workers.embed_worker import WorkerOptions
+from embedstream.workers.rerank_worker import RerankOptions
+
+ENV = {
+    "EMBEDSTREAM_WORKER__BATCH_WINDOW_MS": "7.5",
+    "EMBEDSTREAM_WORKER__BULK_SLICE_TOKENS": "512",
+    "EMBEDSTREAM_WORKER__ONLINE_QUIET_S": "0.25",
+    "EMBEDSTREAM_WORKER__MAX_QUEUE_TOKENS": "4096",
+    "EMBEDSTREAM_WORKER__MAX_QUEUE_REQUESTS": "32",
+    "EMBEDSTREAM_WORKER__COMMIT_INTERVAL_S": "1.5",
+    "EMBEDSTREAM_WORKER__FLUSH_TIMEOUT_S": "12",
+    "EMBEDSTREAM_WORKER__SINK_BACKOFF_S": "[0.5, 4]",
+    "EMBEDSTREAM_WORKER__RECORD_RETRY_LIMIT_S": "60",
+    "EMBEDSTREAM_WORKER__SKIP_UNCHANGED": "false",
+    "EMBEDSTREAM_WORKER__WARM_UP_TOKENS": "0",
+    "EMBEDSTREAM_WORKER__MAX_CANDIDATES": "20",
+    "EMBEDSTREAM_WORKER__MAX_PAIRS_PER_PASS": "128",
+}
+EXPECTED = {
+    "batch_window_ms": 7.5, "bulk_slice_tokens": 512, "online_quiet_s": 0.25, "max_queue_tokens": 4096,
+    "max_queue_requests": 32, "commit_interval_s": 1.5, "flush_timeout_s": 12.0, "sink_backoff_s": (0.5, 4.0),
+    "record_retry_limit_s": 60.0, "skip_unchanged": False, "warm_up_tokens": 0, "max_candidates": 20,
+    "max_pairs_per_pass": 128,
+}
+
+
+@pytest.fixture
+def worker_env(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no .env file of the checkout
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_every_worker_setting_has_an_environment_variable():
+    assert {f"EMBEDSTREAM_WORKER__{name.upper()}" for name in WorkerSettings.model_fields} == set(ENV)
+
+
+def test_environment_reaches_embed_and_rerank_options(worker_env):
+    settings = Settings()
+    embed = WorkerOptions.from_settings(settings, ("bulk",))
+    rerank = RerankOptions.from_settings(settings, max_candidates=5)
+    for name, value in EXPECTED.items():
+        assert getattr(settings.worker, name) == value, name
+        assert getattr(embed, name) == value, name
+    assert embed.lanes == ("bulk",)
+    assert rerank.batch_window_ms == 7.5 and rerank.max_queue_requests == 32
+    assert rerank.max_candidates == 5  # a CLI flag still overrides the environment
+    assert rerank.default_collection == settings.qdrant.collection
+
+
+def test_defaults_match_the_measured_behaviour(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    options = WorkerOptions()
+    assert (options.batch_window_ms, options.bulk_slice_tokens, options.online_quiet_s) == (2.0, 1024, 1.0)
+    assert options.warm_up_tokens == 64 and options.skip_unchanged and options.lanes == ("online", "bulk")
+
+
+def test_a_negative_knob_is_refused(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EMBEDSTREAM_WORKER__BULK_SLICE_TOKENS", "0")
+    with pytest.raises(ValueError, match="bulk_slice_tokens"):
+        Settings()
