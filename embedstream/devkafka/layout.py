@@ -102,10 +102,18 @@ def tail_text(text: str, lines: int = 30) -> str:
     return "\n".join(_ANSI_ESCAPE.sub("", text).strip().splitlines()[-lines:])
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write via rename so a crash never leaves a half-written config behind."""
+def write_text(path: Path, text: str | bytes, *, private: bool = False) -> None:
+    """Write via rename so a crash never leaves a half-written config behind.
+
+    ``private``: the file holds a secret (a key, a password), so it is created readable by its owner only.
+    """
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    data = text.encode() if isinstance(text, str) else text
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    if private:
+        os.chmod(tmp, 0o600)  # an older tmp file may have had another mode
     tmp.replace(path)
 
 

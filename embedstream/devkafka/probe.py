@@ -1,47 +1,28 @@
 """Readiness over the wire: raw ApiVersions + Metadata requests.
 
-Stdlib only on purpose, so it works before (and without) a Kafka client library.
+Stdlib framing only (shared with ``embedstream.kafka_auth``), so it works before a Kafka client
+library is imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import ssl
 import struct
 import time
 
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.layout import DEFAULT_HOST, DEFAULT_PORT, Layout, logs_excerpt
 from embedstream.devkafka.process import EXIT_CODES, pid_alive
+from embedstream.kafka_auth import send_request
 
-
-def _send_request(
-    sock: socket.socket, api_key: int, version: int, body: bytes, correlation_id: int
-) -> bytes:
-    """Send one request (header v1) and return the response body after the correlation id."""
-    client_id = b"embedstream-devkafka"
-    header = struct.pack(">hhih", api_key, version, correlation_id, len(client_id)) + client_id
-    payload = header + body
-    sock.sendall(struct.pack(">i", len(payload)) + payload)
-    size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-    response = _recv_exact(sock, size)
-    if struct.unpack(">i", response[:4])[0] != correlation_id:
-        raise ValueError("correlation id mismatch")
-    return response[4:]
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed by broker")
-        buf += chunk
-    return bytes(buf)
+CLIENT_ID = b"embedstream-devkafka"
 
 
 def _api_versions(sock: socket.socket) -> dict[int, tuple[int, int]]:
     """ApiVersions v0 (answered by every broker): api key -> (min, max) version."""
-    body = _send_request(sock, 18, 0, b"", correlation_id=1)
+    body = send_request(sock, 18, 0, b"", correlation_id=1, client_id=CLIENT_ID)
     error, count = struct.unpack(">hi", body[:6])
     if error != 0:
         raise ValueError(f"ApiVersions error {error}")
@@ -56,23 +37,34 @@ def _metadata_broker_count(sock: socket.socket, version: int) -> int:
         body += b"\x00"  # allow_auto_topic_creation
     if version >= 8:
         body += b"\x00\x00"  # include cluster/topic authorized operations
-    resp = _send_request(sock, 3, version, body, correlation_id=2)
+    resp = send_request(sock, 3, version, body, correlation_id=2, client_id=CLIENT_ID)
     offset = 4 if version >= 3 else 0  # throttle_time_ms
     return struct.unpack(">i", resp[offset : offset + 4])[0]
 
 
 def broker_answers(
-    host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, timeout_s: float = 2.0
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    timeout_s: float = 2.0,
+    tls: ssl.SSLContext | None = None,
 ) -> bool:
     """True when a Kafka broker at host:port serves requests and lists itself in metadata.
 
     Stronger than an open port: the listener opens before the broker has registered
-    with its controller, and clients fail until it has.
+    with its controller, and clients fail until it has. With ``tls`` (a SASL_SSL listener) the
+    probe completes the TLS handshake and stops at ApiVersions: Metadata needs a login, which
+    the secured start does next through a Kafka client.
     """
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout_s))
+            if tls is not None:
+                sock = stack.enter_context(tls.wrap_socket(sock, server_hostname=host))
             sock.settimeout(timeout_s)
-            lo, hi = _api_versions(sock).get(3, (0, -1))
+            apis = _api_versions(sock)
+            if tls is not None:
+                return bool(apis)
+            lo, hi = apis.get(3, (0, -1))
             versions = [v for v in range(1, 9) if lo <= v <= hi]
             if not versions:
                 return False
@@ -81,11 +73,13 @@ def broker_answers(
         return False
 
 
-def wait_answering(pid: int, host: str, port: int, wait_s: float, layout: Layout) -> None:
+def wait_answering(
+    pid: int, host: str, port: int, wait_s: float, layout: Layout, tls: ssl.SSLContext | None = None
+) -> None:
     """Block until the broker answers; fail fast if the JVM dies, with the log tails."""
     deadline = time.monotonic() + wait_s
     while True:
-        if broker_answers(host, port, timeout_s=2.0):
+        if broker_answers(host, port, timeout_s=2.0, tls=tls):
             return
         if not pid_alive(pid):
             code = f" with exit code {EXIT_CODES[pid]}" if pid in EXIT_CODES else ""

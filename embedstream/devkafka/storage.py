@@ -8,6 +8,7 @@ import re
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.layout import Layout, tail_text
@@ -18,8 +19,11 @@ STORAGE_TOOL = "kafka.tools.StorageTool"
 STORAGE_FORMAT_TIMEOUT_S = 120
 
 
-def server_properties(host: str, port: int, layout: Layout) -> str:
-    """Single-node KRaft config: everything replicated once, fast group joins."""
+def server_properties(host: str, port: int, layout: Layout, overrides: Mapping[str, str] | None = None) -> str:
+    """Single-node KRaft config: everything replicated once, fast group joins.
+
+    ``overrides`` replace or add properties (the secured broker's listeners, SASL, TLS and authorizer).
+    """
     controller_port = port + 1
     props = {
         "process.roles": "broker,controller",
@@ -48,6 +52,7 @@ def server_properties(host: str, port: int, layout: Layout) -> str:
         # Tests join groups constantly; the default 3 s delay would dominate them.
         "group.initial.rebalance.delay.ms": "0",
     }
+    props.update(overrides or {})
     header = "# Written by embedstream.devkafka on every start; edits are overwritten.\n"
     return header + "".join(f"{k}={v}\n" for k, v in props.items())
 
@@ -85,20 +90,29 @@ def _random_cluster_id() -> str:
             return cid
 
 
-def format_storage(java: str, libs: Path, layout: Layout) -> None:
-    """Format the KRaft log dir once; skipped later so topics and offsets survive restarts."""
+def format_storage(
+    java: str, libs: Path, layout: Layout, extra_args: Sequence[str] = (), secrets: Sequence[str] = ()
+) -> None:
+    """Format the KRaft log dir once; skipped later so topics and offsets survive restarts.
+
+    ``extra_args``: e.g. ``--add-scram`` for the secured broker's first user; ``secrets`` are blanked
+    out of the tool's output before it goes into an error message.
+    """
     cmd = [
         java, "-Xmx256m", f"-Dlog4j2.configurationFile={layout.log4j}",
         "-cp", f"{libs}/*", STORAGE_TOOL,
-        "format", "-t", _random_cluster_id(), "-c", str(layout.config),
+        "format", "-t", _random_cluster_id(), "-c", str(layout.config), *extra_args,
     ]
     proc = subprocess.run(
         cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=STORAGE_FORMAT_TIMEOUT_S
     )
     if proc.returncode != 0 or not layout.meta.is_file():
+        output = proc.stdout + proc.stderr
+        for secret in secrets:
+            output = output.replace(secret, "***")
         raise DevKafkaError(
             f"formatting Kafka storage in {layout.log_dirs} failed (exit {proc.returncode}):\n"
-            + tail_text(proc.stdout + proc.stderr)
+            + tail_text(output)
         )
 
 
@@ -110,11 +124,11 @@ def read_cluster_id(layout: Layout) -> str | None:
     return None
 
 
-def configured_listener(layout: Layout) -> tuple[str, int] | None:
-    """(host, port) the data dir's broker was last configured for, if any."""
+def configured_listener(layout: Layout) -> tuple[str, str, int] | None:
+    """(security protocol, host, port) the data dir's broker was last configured for, if any."""
     with contextlib.suppress(OSError):
         text = layout.config.read_text()
-        match = re.search(r"^advertised\.listeners=PLAINTEXT://(.+):(\d+)$", text, re.M)
+        match = re.search(r"^advertised\.listeners=([A-Z_]+)://(.+):(\d+)$", text, re.M)
         if match:
-            return match.group(1), int(match.group(2))
+            return match.group(1), match.group(2), int(match.group(3))
     return None
