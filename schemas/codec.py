@@ -124,7 +124,7 @@ def summarize(errors: list[Any]) -> str:
     parts = []
     relevant = [err for err in errors if err["type"] not in _CONSEQUENTIAL_ERRORS] or errors
     for err in relevant[:_MAX_REPORTED_ERRORS]:
-        where = ".".join(str(part) for part in err["loc"]) or "value"
+        where = ".".join(str(part) for part in err["loc"]) or ("kind" if err["type"] == "invalid_kind" else "value")
         parts.append(f"{where}: {explain(err)}")
     if len(relevant) > _MAX_REPORTED_ERRORS:
         parts.append(f"(and {len(relevant) - _MAX_REPORTED_ERRORS} more)")

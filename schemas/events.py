@@ -149,7 +149,7 @@ ChunkTopicEvent = Annotated[
     Discriminator(
         _chunk_topic_kind,
         custom_error_type="invalid_kind",
-        custom_error_message="kind must be 'chunk' (the default when absent) or 'delete'",
+        custom_error_message="must be 'chunk' (the default when absent) or 'delete'",
     ),
 ]
 """What a chunk topic carries: upserts and deletes, told apart by ``kind`` (absent = chunk)."""
