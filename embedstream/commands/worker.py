@@ -19,13 +19,16 @@ def worker_embed(
     model: Optional[str] = typer.Option(None, help="Model served (default: settings.default_model)"),
     metrics_port: int = typer.Option(9400, help="Port of /metrics, /healthz, /readyz (0: off)"),
     threads: Optional[int] = typer.Option(None, help="torch threads (one per process often wins under load)"),
-    skip_unchanged: bool = typer.Option(True, "--skip-unchanged/--no-skip-unchanged",
-                                        help="Do not embed chunks whose point already has the same content hash, model and metadata"),
+    skip_unchanged: Optional[bool] = typer.Option(
+        None, "--skip-unchanged/--no-skip-unchanged",
+        help="Do not embed chunks whose point already has the same content hash, model and metadata "
+             "(default: EMBEDSTREAM_WORKER__SKIP_UNCHANGED, true)"),
     nice: int = typer.Option(0, help="Lower this process's CPU priority by N (e.g. 10 for a bulk worker sharing "
                                      "cores with an online one: the bench's query p95 under backlog fell from 35-41 to 24-31 ms)"),
 ) -> None:
     """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
-    from embedstream.workers.runtime import build_embed_worker, run_until_signalled
+    from embedstream.workers.runtime import build_embed_worker
+    from embedstream.workers.serve import run_until_signalled
 
     settings = Settings()
     logs.configure(json=settings.log_json)
@@ -33,12 +36,13 @@ def worker_embed(
         os.nice(nice)
     if threads:
         settings.engine.threads = threads
+    if skip_unchanged is not None:  # flags override EMBEDSTREAM_WORKER__*, they do not replace it
+        settings.worker.skip_unchanged = skip_unchanged
     chosen = tuple(lane.strip() for lane in lanes.split(",") if lane.strip())
     bad = [lane for lane in chosen if lane not in ("online", "bulk")]
     if bad or not chosen:
         raise typer.BadParameter(f"lanes must be online and/or bulk, got {lanes!r}")
     worker = build_embed_worker(settings, chosen, model)
-    worker.options.skip_unchanged = skip_unchanged
     run_until_signalled(worker, metrics_port or None)
 
 
@@ -48,7 +52,9 @@ def worker_rerank(
     embed_model: Optional[str] = typer.Option(
         None, help="In-process query embedder for search requests (default: settings.default_model)"
     ),
-    max_candidates: int = typer.Option(50, help="Most candidates per rerank request (more: refused, or cut when cut=true)"),
+    max_candidates: Optional[int] = typer.Option(
+        None, min=1, help="Most candidates per rerank request, more: refused, or cut when cut=true "
+                          "(default: EMBEDSTREAM_WORKER__MAX_CANDIDATES, 50)"),
     metrics_port: int = typer.Option(9400, help="Port of /metrics, /healthz, /readyz on 0.0.0.0 (0: off)"),
     threads: Optional[int] = typer.Option(None, help="torch threads"),
     search: bool = typer.Option(True, "--search/--no-search",
@@ -57,16 +63,16 @@ def worker_rerank(
                                       help="Embed search queries through the embed workers over Kafka instead of in-process"),
 ) -> None:
     """Consume rerank and search requests, score candidates in packed cross-encoder passes, reply; runs until SIGTERM."""
-    from embedstream.workers.rerank_worker import RerankOptions, build_rerank_worker, run_until_signalled
+    from embedstream.workers.rerank_worker import build_rerank_worker
+    from embedstream.workers.serve import run_until_signalled
 
     settings = Settings()
     logs.configure(json=settings.log_json)
     if threads:
         settings.engine.threads = threads
-    if max_candidates < 1:
-        raise typer.BadParameter("max_candidates must be at least 1")
-    options = RerankOptions.from_settings(settings, max_candidates=max_candidates)
-    worker = build_rerank_worker(settings, model, embed_model, options=options, search=search, remote_embed=remote_embed)
+    if max_candidates is not None:
+        settings.worker.max_candidates = max_candidates
+    worker = build_rerank_worker(settings, model, embed_model, search=search, remote_embed=remote_embed)
     run_until_signalled(worker, metrics_port or None)
 
 
@@ -89,7 +95,8 @@ def worker_cdc(
     from embedstream.engine.model_spec import resolve_model
     from embedstream.producers.chunker import Chunker
     from embedstream.producers.debezium import CdcConfig
-    from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions, run_until_signalled
+    from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions
+    from embedstream.workers.serve import run_until_signalled
 
     settings = Settings()
     logs.configure(json=settings.log_json)

@@ -95,3 +95,38 @@ def test_a_coded_error_ends_the_command_as_one_line_and_exit_2():
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: unknown model 'no-such-model-anywhere'")
     assert "(unknown_model)" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def built_workers(monkeypatch):
+    """Run the worker commands up to the point where a worker would start; record what they were built from."""
+    from embedstream.workers import rerank_worker, runtime, serve
+
+    built: list[dict] = []
+    monkeypatch.setattr(runtime, "build_embed_worker",
+                        lambda settings, lanes, model=None: built.append({"settings": settings, "lanes": lanes}))
+    monkeypatch.setattr(rerank_worker, "build_rerank_worker",
+                        lambda settings, model, embed_model=None, **kw: built.append({"settings": settings, **kw}))
+    monkeypatch.setattr(serve, "run_until_signalled", lambda worker, metrics_port: None)
+    return built
+
+
+@pytest.mark.parametrize("flag, env, expected", [
+    ([], "false", False),  # the environment's knob is kept when the flag is not given
+    (["--skip-unchanged"], "false", True),
+    (["--no-skip-unchanged"], "true", False),
+])
+def test_worker_embed_flags_override_the_worker_settings_only_when_given(built_workers, flag, env, expected):
+    result = CliRunner().invoke(app, ["worker", "embed", "--lanes", "bulk", "--metrics-port", "0", *flag],
+                                env={"EMBEDSTREAM_WORKER__SKIP_UNCHANGED": env})
+    assert result.exit_code == 0, result.output
+    assert built_workers[-1]["lanes"] == ("bulk",)
+    assert built_workers[-1]["settings"].worker.skip_unchanged is expected
+
+
+@pytest.mark.parametrize("flag, expected", [([], 20), (["--max-candidates", "7"], 7)])
+def test_worker_rerank_max_candidates_flag_overrides_the_environment(built_workers, flag, expected):
+    result = CliRunner().invoke(app, ["worker", "rerank", "--model", "m", "--metrics-port", "0", *flag],
+                                env={"EMBEDSTREAM_WORKER__MAX_CANDIDATES": "20"})
+    assert result.exit_code == 0, result.output
+    assert built_workers[-1]["settings"].worker.max_candidates == expected
