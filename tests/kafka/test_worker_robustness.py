@@ -1,0 +1,202 @@
+"""No record stops a worker (issue #13), on the real broker: undeliverable replies, dead letters too large
+for the producer, sink rejections (permanent, and unknown failures that outlast their bound), and a
+worker that truly cannot continue exits non-zero with the reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import threading
+import uuid
+
+import pytest
+from conftest import isolated_settings, make_engine, memory_store, read_dead_letters, wait_for
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+from worker_rig import RunningWorker
+
+from embedstream.producers.query_client import QueryClient
+from embedstream.producers.topics import ensure_topics
+from embedstream.schemas import ChunkEvent, DocumentDelete, QueryRequest
+from embedstream.schemas.codec import encode
+from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest
+from embedstream.vectorstore.base import VectorSpec
+from embedstream.workers.loop import WorkerLoop
+from embedstream.workers.metrics import WorkerMetrics
+from embedstream.workers.outbox import DEAD_LETTER_PREFIX_BYTES
+from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
+from embedstream.workers.serve import run_until_signalled
+
+pytestmark = pytest.mark.kafka
+
+BAD_REPLY_TOPICS = ("__consumer_offsets", "bad topic!", "t" * 300)
+
+
+def _with_reply_to(request, reply_to: str) -> bytes:
+    """The request as JSON with a reply topic the schema may refuse (so it cannot be built as a model)."""
+    body = json.loads(encode(request))
+    body["reply_to"] = reply_to
+    return json.dumps(body).encode()
+
+
+def _send(settings, topic: str, values: list[bytes], **producer_kwargs) -> None:
+    producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all", **producer_kwargs)
+    for value in values:
+        producer.send(topic, key=b"k", value=value)
+    producer.flush()
+    producer.close()
+
+
+def _committed(settings, topic: str, group: str) -> int:
+    consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
+    total = sum(consumer.committed(TopicPartition(topic, p)) or 0 for p in consumer.partitions_for_topic(topic))
+    consumer.close()
+    return total
+
+
+def test_undeliverable_query_replies_are_dead_lettered_and_the_worker_goes_on(kafka_bootstrap, minilm_engine):
+    settings = isolated_settings(kafka_bootstrap, "badreply")
+    ensure_topics(settings.kafka, partitions=1)
+    topic = settings.kafka.topic_queries
+    bad = [_with_reply_to(QueryRequest(request_id=f"bad{i}", text="where is my reply?", reply_to="x"), name)
+           for i, name in enumerate(BAD_REPLY_TOPICS)]
+    running = RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",))
+    with QueryClient(settings.kafka) as client, running as worker:
+        wait_for(lambda: worker.ready.is_set(), 120, "worker ready")
+        _send(settings, topic, bad)
+        letters = read_dead_letters(settings, len(bad), timeout_s=60)
+        good = client.embed("how do I open a file for reading?", timeout_s=60)
+        assert good.error is None and good.dims == 384
+        assert running.thread.is_alive() and worker.failure is None
+        wait_for(lambda: worker.lanes["online"].offsets.outstanding() == 0, 30, "every record finished")
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_online) == len(bad) + 1, 30,
+                 "offsets committed past the bad requests")
+    assert sorted(letter.offset for letter in letters) == [0, 1, 2]
+    by_offset = {letter.offset: letter for letter in letters}
+    internal = by_offset[0].error  # a legal name the broker refuses to take replies on
+    assert internal.code == "reply_failed" and "__consumer_offsets" in internal.message
+    assert all(letter.error.message for letter in letters)
+    assert {letter.raw_bytes() for letter in letters} == set(bad)
+
+
+def test_undeliverable_rerank_reply_is_dead_lettered_and_the_worker_goes_on(kafka_bootstrap, tiny_ce_dir):
+    settings = isolated_settings(kafka_bootstrap, "badrerank")
+    ensure_topics(settings.kafka, partitions=1)
+    engine = make_engine(tiny_ce_dir, name="tiny-ce", kind="rerank")
+    worker = RerankWorker(settings, engine, RerankOptions())
+    thread = threading.Thread(target=worker.run, daemon=True)
+    candidates = [Candidate(id="a", text="open a file"), Candidate(id="b", text="close the door")]
+    thread.start()
+    try:
+        with QueryClient(settings.kafka) as client:
+            wait_for(lambda: worker.ready.is_set(), 60, "worker ready")
+            bad = _with_reply_to(RerankRequest(request_id="r-bad", query="read a file", candidates=candidates,
+                                               reply_to="x"), "__consumer_offsets")
+            _send(settings, settings.kafka.topic_rerank, [bad])
+            (letter,) = read_dead_letters(settings, 1, timeout_s=60)
+            request = RerankRequest(request_id=uuid.uuid4().hex, query="read a file", candidates=candidates,
+                                    reply_to=client.reply_topic)
+            reply = client.request(settings.kafka.topic_rerank, request, RerankReply, timeout_s=60)
+        assert letter.error.code == "reply_failed" and letter.raw_bytes() == bad
+        assert reply.error is None and sorted(r.id for r in reply.results) == ["a", "b"]
+        assert thread.is_alive() and worker.failure is None
+    finally:
+        worker.stop()
+        thread.join(30)
+
+
+def test_a_dead_letter_too_large_for_the_producer_keeps_a_bounded_prefix(kafka_bootstrap, minilm_engine):
+    settings = isolated_settings(kafka_bootstrap, "bigdlq")
+    topic = settings.kafka.topic_chunks_bulk
+    admin = KafkaAdminClient(**settings.kafka.client_kwargs())
+    admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": str(4 << 20)})])
+    admin.close()
+    ensure_topics(settings.kafka, partitions=1)  # the rest; the chunk topic above is left as it is
+    huge = encode(ChunkEvent(doc_id="huge", chunk_id=0, text="word " * 300_000))  # 1.5 MB: over the text limit
+    good = [encode(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=f"good chunk {i} on files")) for i in range(3)]
+    _send(settings, topic, [good[0], huge, *good[1:]], max_request_size=4 << 20)
+    store = memory_store()
+    running = RunningWorker(settings, minilm_engine, store, lanes=("bulk",))
+    with running as worker:
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == len(good), 120, "good chunks")
+        (letter,) = read_dead_letters(settings, 1, timeout_s=60)
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(good) + 1, 30, "offsets committed")
+        assert running.thread.is_alive() and worker.failure is None
+    assert letter.error.code == "text_too_large" and letter.offset == 1
+    kept = letter.raw_bytes()
+    assert len(kept) == DEAD_LETTER_PREFIX_BYTES and huge.startswith(kept)
+    assert hashlib.sha256(huge).hexdigest() in letter.error.message
+    assert f"{len(huge):,} bytes" in letter.error.message
+
+
+class RefusingStore:
+    """The real store, except that writes of one document fail with an error nobody can classify."""
+
+    def __init__(self, store, cursed: str):
+        self.store, self.cursed = store, cursed
+
+    def upsert(self, collection, points, **kwargs):
+        if any(p.payload.get("doc_id") == self.cursed for p in points):
+            raise RuntimeError(f"the store choked on {self.cursed}")
+        return self.store.upsert(collection, points, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_sink_rejections_are_dead_lettered_per_record_and_both_lanes_go_on(kafka_bootstrap, minilm_engine):
+    """A vector-config mismatch is permanent: dead-lettered at once. An unclassified error that outlasts
+    record_retry_limit_s is permanent for that record only. Good chunks around them are written, and the
+    online lane keeps answering meanwhile."""
+    settings = isolated_settings(kafka_bootstrap, "reject")
+    settings.worker.record_retry_limit_s = 2.0
+    ensure_topics(settings.kafka, partitions=1)
+    store = RefusingStore(memory_store(), cursed="cursed")
+    store.ensure_collection("narrow", {"full": VectorSpec(3)}, payload_indexes=("doc_id",))
+    topic = settings.kafka.topic_chunks_bulk
+    values = [
+        encode(ChunkEvent(doc_id="g0", chunk_id=0, text="good chunk zero on files")),
+        encode(ChunkEvent(doc_id="m", chunk_id=0, text="a chunk for a collection of 3-dim vectors", collection="narrow")),
+        encode(ChunkEvent(doc_id="g1", chunk_id=0, text="good chunk one on files")),
+        encode(DocumentDelete(doc_id="m", collection="narrow")),
+        encode(ChunkEvent(doc_id="cursed", chunk_id=0, text="the store cannot take this one")),
+        encode(ChunkEvent(doc_id="g2", chunk_id=0, text="good chunk two on files")),
+    ]
+    _send(settings, topic, values)
+    running = RunningWorker(settings, minilm_engine, store, lanes=("online", "bulk"))
+    with QueryClient(settings.kafka) as client, running as worker:
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == 3, 120, "the good chunks")
+        reply = client.embed("does the online lane still answer?", timeout_s=60)
+        letters = read_dead_letters(settings, 3, timeout_s=60)
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(values), 60, "offsets committed")
+        assert running.thread.is_alive() and worker.failure is None
+    assert reply.error is None
+    assert {p.payload["doc_id"] for p in store.scroll("docs")} == {"g0", "g1", "g2"}
+    codes = {letter.offset: letter.error.code for letter in letters}
+    assert codes == {1: "write_rejected", 3: "write_rejected", 4: "write_failed_repeatedly"}
+    assert all(letter.error.message for letter in letters)
+    assert "choked on cursed" in next(letter for letter in letters if letter.offset == 4).error.message
+
+
+class _BrokenWorker(WorkerLoop):
+    """A worker whose step fails in a way no retry can fix (e.g. its disk went away)."""
+
+    name = "broken worker"
+
+    def run_once(self) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_worker_that_cannot_continue_exits_non_zero_with_the_reason(kafka_bootstrap):
+    settings = isolated_settings(kafka_bootstrap, "broken")
+    worker = _BrokenWorker(settings.kafka, settings.worker, WorkerMetrics(), "broken-1")
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as exited:
+            run_until_signalled(worker, None)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert exited.value.code not in (0, None)  # a message: the interpreter prints it and exits with status 1
+    assert "No space left on device" in str(exited.value.code) and "broken worker" in str(exited.value.code)
