@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from embedstream.schemas.events import ErrorInfo
+from embedstream.errors import CodedError
+from embedstream.schemas.bounds import doc_id_refusal, metadata_refusal
 
 UPSERT_OPS = frozenset({"c", "r", "u"})
 KNOWN_OPS = frozenset({"c", "r", "u", "d", "t"})
@@ -36,22 +37,20 @@ CdcErrorCode = Literal[
     "unknown_op",  # op other than c, r, u, d, t
     "missing_after",  # c / r / u whose after is null (e.g. a MongoDB update without the full document)
     "missing_id",  # no id in the row and none in the key
-    "invalid_id",  # an id that is not a string, number or ObjectId-like value
+    "invalid_id",  # an id that is not a string, number or ObjectId-like value, or breaks the doc_id bounds
+    "invalid_metadata",  # the metadata fields break the wire's metadata bounds (depth, keys, size)
     "non_text_field",  # a configured text field holds something other than a string
     "truncate_refused",  # a table truncate, refused by configuration (set by the bridge)
 ]
 
 
-class CdcError(ValueError):
+class CdcError(CodedError, ValueError):
     """A change event that cannot be applied; ``code`` is stable, ``message`` is for people."""
 
-    def __init__(self, code: CdcErrorCode, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code: CdcErrorCode = code
-        self.message = message
+    code: CdcErrorCode
 
-    def to_error_info(self) -> ErrorInfo:
-        return ErrorInfo(code=self.code, message=self.message)
+    def __init__(self, code: CdcErrorCode, message: str):
+        super().__init__(code, message)
 
 
 @dataclass(frozen=True)
@@ -129,6 +128,9 @@ def parse_change(key: bytes | str | None, value: bytes | str | None, config: Cdc
                 if (value := _lookup(after, name, _MISSING)) is not _MISSING}
     if source:
         metadata[SOURCE_KEY] = source
+    refused = metadata_refusal(metadata)
+    if refused:
+        raise CdcError("invalid_metadata", f"metadata fields {list(config.metadata_fields)}: {refused}")
     return Change(op, doc_id, document_text(after, config.text_fields), metadata, source,
                   previous if previous is not None and previous != doc_id else None)
 
@@ -274,6 +276,9 @@ def _id_string(value: Any, where: str) -> str:
     text = value if isinstance(value, str) else str(value)
     if not text:
         raise CdcError("missing_id", f"the document id ({where}) is empty")
+    refused = doc_id_refusal(text)
+    if refused:
+        raise CdcError("invalid_id", f"the document id ({where}) {refused}")
     return text
 
 

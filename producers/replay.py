@@ -23,6 +23,7 @@ from embedstream.config import KafkaSettings
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.publisher import ChunkPublisher
 from embedstream.producers.sources import Document
+from embedstream.schemas.bounds import doc_id_refusal
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import DeadLetter, DocumentDelete, DocumentRecord, ErrorInfo
 
@@ -168,6 +169,11 @@ class DocumentReplay:
         for record in records:
             key = record.key.decode("utf-8", "replace") if record.key is not None else None
             if record.value is None:  # tombstone: the document was deleted (after what came before it)
+                refused = doc_id_refusal(key) if key else None
+                if refused:
+                    self._dead_letter(record, ErrorInfo(code="invalid_event", message=f"tombstone key: doc_id {refused}"))
+                    progress.bad += 1
+                    continue
                 if key:
                     self._publish_documents(documents, progress)
                     documents = []

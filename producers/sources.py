@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from embedstream.schemas.bounds import doc_id_refusal, metadata_refusal
+
 JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json-lines"})
 TEXT_SUFFIXES = frozenset({".txt", ".md", ".markdown", ".rst"})
 STDIN = "-"
@@ -87,20 +89,22 @@ class DocumentSource:
                 with path.open("rb") as stream:
                     yield from self._jsonl_lines(stream, str(path))
             elif suffix in TEXT_SUFFIXES or explicit:
-                yield self._text_file(path, base)
+                yield from self._text_file(path, base)
         except OSError as exc:
             self.errors.append(SourceError(str(path), None, f"cannot read: {exc.strerror or exc}"))
         except UnicodeDecodeError as exc:
             self.errors.append(SourceError(str(path), None, f"not UTF-8 text ({exc.reason} at byte {exc.start})"))
 
-    @staticmethod
-    def _text_file(path: Path, base: Path) -> Document:
-        text = path.read_text(encoding="utf-8")
+    def _text_file(self, path: Path, base: Path) -> Iterator[Document]:
         try:
             doc_id = path.relative_to(base).as_posix()
         except ValueError:
             doc_id = path.as_posix()
-        return Document(doc_id=doc_id, text=text, metadata={"path": str(path)})
+        refused = doc_id_refusal(doc_id)
+        if refused:  # e.g. a path deeper than the id limit, or a file name with a control character
+            self.errors.append(SourceError(str(path), None, f"its path cannot be a doc_id: {refused}"))
+            return
+        yield Document(doc_id=doc_id, text=path.read_text(encoding="utf-8"), metadata={"path": str(path)})
 
     def _jsonl_lines(self, stream: Iterable[bytes], name: str) -> Iterator[Document]:
         for number, raw in enumerate(stream, start=1):
@@ -129,6 +133,12 @@ def parse_document(raw: bytes | str) -> Document:
         raise ValueError("text is missing or not a string")
     if metadata is not None and not isinstance(metadata, dict):
         raise ValueError("metadata must be an object")
+    refused = doc_id_refusal(str(doc_id))
+    if refused:
+        raise ValueError(f"doc_id {refused}")
+    refused = metadata_refusal(metadata or {})
+    if refused:
+        raise ValueError(f"metadata {refused}")
     return Document(doc_id=str(doc_id), text=text, metadata=metadata or {})
 
 

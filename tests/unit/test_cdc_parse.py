@@ -10,6 +10,7 @@ import pytest
 from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from embedstream.errors import CodedError
 from embedstream.vectorstore import CollectionNotFound
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.debezium import CdcConfig, CdcError, Change, from_extended_json, parse_change, unwrap
@@ -126,6 +127,10 @@ BAD = [
     ("missing_id", raw(key(1)), raw(envelope("c", after=row("", "t", "b")))),
     ("invalid_id", raw(key(1)), raw(envelope("c", after=row([1, 2], "t", "b")))),
     ("invalid_id", raw(key(1)), raw(envelope("c", after=row(True, "t", "b")))),
+    ("invalid_id", raw(key(1)), raw(envelope("c", after=row("x" * 1025, "t", "b")))),  # over the doc_id bound
+    ("invalid_id", raw(key("a\nb")), None),  # a tombstone whose key id holds a control character
+    ("invalid_metadata", raw(key(1)), raw(envelope("c", after=row(1, "t", "b", lang={"a": {"b": {"c": {"d": 1}}}})))),
+    ("invalid_metadata", raw(key(1)), raw(envelope("c", after=row(1, "t", "b", lang="x" * 70_000)))),
     ("non_text_field", raw(key(1)), raw(envelope("c", after=row(1, "t", 42)))),
     ("non_text_field", raw(key(1)), raw(envelope("r", after=row(1, {"nested": "x"}, "b")))),
 ]
@@ -137,6 +142,7 @@ def test_bad_input_raises_a_typed_error(code, key_bytes, value):
         parse_change(key_bytes, value, CONFIG)
     assert err.value.code == code
     assert err.value.message and err.value.to_error_info().code == code
+    assert isinstance(err.value, CodedError) and isinstance(err.value, ValueError) and str(err.value) == err.value.message
 
 
 class RecordingPublisher:

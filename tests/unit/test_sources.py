@@ -98,3 +98,33 @@ def test_parse_document_and_coerce():
     with pytest.raises(ValueError, match="doc_id"):
         parse_document('{"doc_id": true, "text": "t"}')
     assert Document.coerce({"doc_id": 3, "text": "t"}) == Document("3", "t", {})
+
+
+def test_documents_outside_the_wire_bounds_are_reported_not_published(tmp_path):
+    """An id or metadata the events could not carry is a SourceError, never a failed publish mid-load."""
+    path = tmp_path / "docs.jsonl"
+    _jsonl(path, [
+        {"doc_id": "x" * 1025, "text": "id too long"},
+        {"doc_id": "a\u0000b", "text": "control character in the id"},
+        {"doc_id": "deep", "text": "t", "metadata": {"a": {"b": {"c": {"d": {"e": 1}}}}}},
+        {"doc_id": "big", "text": "t", "metadata": {"blob": "v" * 70_000}},
+        {"doc_id": "ok", "text": "fine", "metadata": {"a": {"b": {"c": [1]}}}},
+    ])
+    source = DocumentSource(path)
+    assert [d.doc_id for d in source] == ["ok"]
+    assert [e.line for e in source.errors] == [1, 2, 3, 4]
+    messages = [e.message for e in source.errors]
+    assert messages[0].startswith("doc_id") and "1024" in messages[0]
+    assert "control characters" in messages[1]
+    assert messages[2].startswith("metadata") and "levels deep" in messages[2]
+    assert "bytes" in messages[3]
+
+
+def test_a_path_that_cannot_be_a_doc_id_is_reported(tmp_path):
+    folder = tmp_path / "docs"
+    (folder / "ok.md").parent.mkdir(parents=True)
+    (folder / "ok.md").write_text("fine", encoding="utf-8")
+    (folder / "bad\x01name.md").write_text("control character in the file name", encoding="utf-8")
+    source = DocumentSource(folder)
+    assert [d.doc_id for d in source] == ["ok.md"]
+    assert len(source.errors) == 1 and "cannot be a doc_id" in source.errors[0].message
