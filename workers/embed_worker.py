@@ -187,7 +187,11 @@ class EmbedWorker(WorkerLoop):
             self._write(batch, {})
             return
         timings = StageTimings()
-        vectors = self.engine.forward([i.prepared for i in live], timings)
+        try:
+            vectors = self.engine.forward([i.prepared for i in live], timings)
+        except Exception as exc:  # noqa: BLE001 - a failed pass fails its records, never the worker
+            self._forward_failed(batch, live, exc)
+            return
         self.metrics.observe_batch(live[0].lane, timings, len(live))
         chunks = {}
         for item, vector in zip(live, vectors):
@@ -196,6 +200,22 @@ class EmbedWorker(WorkerLoop):
             else:
                 chunks[id(item)] = vector
         self._write(batch, chunks)
+
+    def _forward_failed(self, batch: list[WorkItem], live: list[WorkItem], exc: Exception) -> None:
+        """Several items: run the batch again one item at a time, in log order, to find the one at fault.
+        One item: it is answered with the error (a query) or dead-lettered (a chunk); deletes are written."""
+        log.error("forward pass failed", items=len(live), error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        if len(live) > 1:
+            for item in batch:
+                self.process([item])
+            return
+        (item,) = live
+        info = ErrorInfo(code="forward_failed", message=f"the forward pass failed: {type(exc).__name__}: {str(exc)[:500]}")
+        if isinstance(item.event, QueryRequest):
+            self._reply_error(item.lane, item.record, item.event, item.handle, info)
+        else:
+            self.lanes[item.lane].dead_letter(item.record, info, item.handle)
+        self._write(batch, {})
 
     def _answer(self, item: WorkItem, vector, start: float, timings: StageTimings) -> None:
         result = self.engine.finish(item.prepared, vector)

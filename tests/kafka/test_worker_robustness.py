@@ -200,3 +200,40 @@ def test_a_worker_that_cannot_continue_exits_non_zero_with_the_reason(kafka_boot
             signal.signal(sig, handler)
     assert exited.value.code not in (0, None)  # a message: the interpreter prints it and exits with status 1
     assert "No space left on device" in str(exited.value.code) and "broken worker" in str(exited.value.code)
+
+
+class FailingForward:
+    """The real engine, except that a forward pass holding one poisoned text raises."""
+
+    def __init__(self, engine, poison: str):
+        self.engine, self.poison = engine, poison
+
+    def forward(self, prepared, timings):
+        if any(p.request.text == self.poison for p in prepared):
+            raise RuntimeError("kernel failed on this input")
+        return self.engine.forward(prepared, timings)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_failed_forward_pass_fails_its_record_not_the_worker(kafka_bootstrap, minilm_engine):
+    settings = isolated_settings(kafka_bootstrap, "forward")
+    ensure_topics(settings.kafka, partitions=1)
+    poison = "this text breaks the kernel"
+    events = [ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=f"good chunk {i} on files") for i in range(4)]
+    events.insert(2, ChunkEvent(doc_id="bad", chunk_id=0, text=poison))
+    topic = settings.kafka.topic_chunks_bulk
+    _send(settings, topic, [encode(e) for e in events])
+    store = memory_store()
+    running = RunningWorker(settings, FailingForward(minilm_engine, poison), store, lanes=("online", "bulk"))
+    with QueryClient(settings.kafka) as client, running as worker:
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == 4, 120, "the good chunks")
+        (letter,) = read_dead_letters(settings, 1, timeout_s=60)
+        failed_query = client.embed(poison, timeout_s=60)
+        good_query = client.embed("still answering?", timeout_s=60)
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(events), 60, "offsets committed")
+        assert running.thread.is_alive() and worker.failure is None
+    assert letter.offset == 2 and letter.error.code == "forward_failed" and "kernel failed" in letter.error.message
+    assert failed_query.error is not None and failed_query.error.code == "forward_failed"
+    assert good_query.error is None
