@@ -176,3 +176,31 @@ def test_export_json_schemas(tmp_path):
     assert "kind" in union["$defs"]["DocumentDelete"]["required"]
     assert union["$defs"]["ChunkEvent"]["properties"]["kind"]["const"] == "chunk"
     assert "kind" not in union["$defs"]["ChunkEvent"]["required"]
+
+
+def test_the_issues_events_decode_as_the_schema_says():
+    """#13: a chunk without kind is a chunk; 2**64 is refused (not stored imprecisely); types are strict."""
+    event = decode('{"doc_id":"go-1","chunk_id":0,"text":"…"}'.encode(), CHUNK_TOPIC_ADAPTER)
+    assert isinstance(event, ChunkEvent) and event.kind == "chunk" and event.text == "…"
+    for raw, field in ((b'{"doc_id":"go-1","chunk_id":18446744073709551616,"text":"t"}', "chunk_id"),
+                       (b'{"doc_id":"go-1","chunk_id":"5","text":"t"}', "chunk_id"),
+                       (b'{"doc_id":"go-1","chunk_id":0,"text":"t","collection":"../../etc/x y"}', "collection"),
+                       (b'{"kind":"delete","doc_id":"go-1","from_chunk":9007199254740992}', "from_chunk")):
+        with pytest.raises(DecodeError) as err:
+            decode(raw, CHUNK_TOPIC_ADAPTER)
+        assert err.value.code == "invalid_event" and field in err.value.message, err.value.message
+    with pytest.raises(DecodeError) as err:
+        decode(b'{"kind":"upsert","doc_id":"go-1"}', CHUNK_TOPIC_ADAPTER)
+    assert err.value.message.endswith("kind: must be 'chunk' (the default when absent) or 'delete'")
+    with pytest.raises(DecodeError) as err:  # a delete must say so: without kind it would read as a chunk
+        decode(b'{"doc_id":"go-1"}', DocumentDelete)
+    assert "kind" in err.value.message
+    assert DocumentDelete(doc_id="go-1").kind == "delete"  # Python callers may still omit it
+
+
+def test_decode_error_is_a_coded_error():
+    from embedstream.errors import CodedError
+
+    error = DecodeError("invalid_event", "doc_id: field required")
+    assert isinstance(error, CodedError) and isinstance(error, ValueError)
+    assert (error.code, error.message, str(error)) == ("invalid_event", "doc_id: field required", "doc_id: field required")
