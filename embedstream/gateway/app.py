@@ -54,7 +54,7 @@ def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, La
     k = settings.kafka
     topics = [k.topic_queries, k.topic_rerank, k.topic_search]
     ensure_topics(k, topics=topics)
-    client = QueryClient(k, options.reply_topic)
+    client = QueryClient(k.model_copy(update={"fetch_max_wait_ms": options.reply_fetch_wait_ms}), options.reply_topic)
     try:
         client.prepare(topics)
     except BaseException:

@@ -19,3 +19,7 @@ class GatewayOptions:
     default_timeout_s: float = 10.0  # deadline when the client sends none
     max_timeout_s: float = 60.0  # a client timeout above it (the openai SDK says 600 s) is capped here
     reply_topic: str | None = None  # None = settings.kafka.topic_replies
+    # The reply reader's fetch long-poll: a reply ends it at once, so a longer wait costs no latency, but
+    # it cuts the reader's empty fetches from 100/s to 10/s (idle CPU 11% -> 2.6%), GIL time the event
+    # loop otherwise waited for (handler over the Kafka client alone: 0.3-0.5 instead of 0.65-0.8 ms p50).
+    reply_fetch_wait_ms: int = 100

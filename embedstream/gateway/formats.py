@@ -28,20 +28,20 @@ def ubinary(vector: np.ndarray) -> np.ndarray:
     return quantize(vector, "binary").values
 
 
-def encode_as(vectors: np.ndarray, kind: str) -> list:
-    """One Cohere embedding type for every row."""
+def encode_as(vectors: np.ndarray, kind: str) -> np.ndarray | list[str]:
+    """One Cohere embedding type for every row (numpy rows; base64 strings)."""
     if kind == "float":
-        return vectors.tolist()
+        return vectors
     if kind == "base64":
         return [float_base64(v) for v in vectors]
     if kind == "int8":
-        return [int8(v).tolist() for v in vectors]
+        return np.stack([int8(v) for v in vectors])
     if kind == "uint8":
-        return [(int8(v).astype(np.int16) + 128).tolist() for v in vectors]
+        return np.stack([int8(v).astype(np.int16) + 128 for v in vectors])
     if kind == "ubinary":
-        return [ubinary(v).tolist() for v in vectors]
+        return np.stack([ubinary(v) for v in vectors])
     if kind == "binary":
-        return [(ubinary(v).astype(np.int16) - 128).tolist() for v in vectors]
+        return np.stack([ubinary(v).astype(np.int16) - 128 for v in vectors])
     raise ValueError(f"unknown embedding type {kind!r}")
 
 

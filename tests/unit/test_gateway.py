@@ -13,6 +13,7 @@ from embedstream.config import Settings
 from embedstream.engine.postprocess import quantize
 from embedstream.gateway import GatewayOptions, create_app, formats
 from embedstream.gateway.errors import ApiError
+from embedstream.gateway.responses import VectorResponse
 from embedstream.schemas.events import ErrorInfo
 
 
@@ -25,15 +26,18 @@ def client() -> TestClient:
 def test_cohere_types_are_the_engine_quantizers_bit_for_bit():
     rng = np.random.default_rng(3)
     vectors = rng.standard_normal((4, 384)).astype(np.float32)
+    forms = {kind: formats.encode_as(vectors, kind) for kind in ("float", "int8", "uint8", "binary", "ubinary", "base64")}
     for i, v in enumerate(vectors):
         q8, qb = quantize(v, "int8").values, quantize(v, "binary").values
-        assert formats.encode_as(vectors, "int8")[i] == q8.tolist()
-        assert formats.encode_as(vectors, "uint8")[i] == (q8.astype(int) + 128).tolist()
-        assert formats.encode_as(vectors, "ubinary")[i] == qb.tolist()
-        assert formats.encode_as(vectors, "binary")[i] == (qb.astype(int) - 128).tolist()
-        assert min(formats.encode_as(vectors, "binary")[i]) >= -128 and max(formats.encode_as(vectors, "uint8")[i]) <= 255
-        raw = base64.b64decode(formats.encode_as(vectors, "base64")[i])
+        assert np.array_equal(forms["int8"][i], q8) and np.array_equal(forms["uint8"][i], q8.astype(int) + 128)
+        assert np.array_equal(forms["ubinary"][i], qb) and np.array_equal(forms["binary"][i], qb.astype(int) - 128)
+        assert forms["binary"][i].min() >= -128 and forms["uint8"][i].max() <= 255
+        raw = base64.b64decode(forms["base64"][i])
         assert np.array_equal(np.frombuffer(raw, dtype="<f4"), v)
+    # as JSON (orjson, numpy as is): the float32 values read back exactly, the integer forms as integers
+    body = json.loads(VectorResponse(forms).body)
+    assert np.array_equal(np.asarray(body["float"], dtype=np.float32), vectors)
+    assert body["uint8"][0] == forms["uint8"][0].tolist() and body["binary"][1] == forms["binary"][1].tolist()
 
 
 def test_scores_convert_between_logits_and_probabilities():
