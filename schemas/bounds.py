@@ -109,6 +109,8 @@ METADATA_SCHEMA: dict[str, Any] = {
 
 def _check_metadata(value: dict[str, Any]) -> dict[str, Any]:
     """Depth, keys and size of a metadata object, walked once (small metadata: a few microseconds)."""
+    if not value:
+        return value
     keys = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
