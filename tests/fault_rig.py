@@ -75,6 +75,16 @@ class _GroupProgress:
         self.consumer.close()
 
 
+def _committed_to_the_end(settings, topic: str, group: str, timeout_s: float = 60) -> int:
+    """Wait until the group's committed offsets reach the log end; returns that end."""
+    progress = _GroupProgress(settings, topic, group)
+    try:
+        wait_for(lambda: progress.committed() == progress.end(), timeout_s, "committed offsets reaching the log end")
+        return progress.end()
+    finally:
+        progress.close()
+
+
 def _assert_exactly(points, events) -> None:
     """Exactly the expected ids, and every (doc_id, chunk_id) exactly once."""
     from collections import Counter

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ from embedstream.schemas import ChunkEvent, DeadLetter
 from embedstream.schemas.codec import decode
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
 from embedstream.workers.kafka_io import broker_reachable
+from worker_rig import Running
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
 from embedstream.workers.search import Searcher
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
@@ -35,20 +35,6 @@ def reference(tiny_ce_dir):
     from sentence_transformers import CrossEncoder
 
     return CrossEncoder(str(tiny_ce_dir), device="cpu")
-
-
-class Running:
-    def __init__(self, worker: RerankWorker):
-        self.worker = worker
-        self.thread = threading.Thread(target=worker.run, daemon=True)
-
-    def __enter__(self) -> RerankWorker:
-        self.thread.start()
-        return self.worker
-
-    def __exit__(self, *exc):
-        self.worker.stop()
-        self.thread.join(30)
 
 
 def _candidates(n: int, offset: int = 0, words: int = 40) -> list[Candidate]:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import threading
 import uuid
 
 import pytest
 from conftest import isolated_settings, make_engine, memory_store, read_dead_letters, wait_for
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
-from worker_rig import RunningWorker
+from fault_rig import _committed
+from worker_rig import Running, RunningWorker
 
 from embedstream.producers.query_client import QueryClient
 from embedstream.producers.topics import ensure_topics
@@ -48,13 +48,6 @@ def _send(settings, topic: str, values: list[bytes], **producer_kwargs) -> None:
     producer.close()
 
 
-def _committed(settings, topic: str, group: str) -> int:
-    consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
-    total = sum(consumer.committed(TopicPartition(topic, p)) or 0 for p in consumer.partitions_for_topic(topic))
-    consumer.close()
-    return total
-
-
 def test_undeliverable_query_replies_are_dead_lettered_and_the_worker_goes_on(kafka_bootstrap, minilm_engine):
     settings = isolated_settings(kafka_bootstrap, "badreply")
     ensure_topics(settings.kafka, partitions=1)
@@ -84,26 +77,20 @@ def test_undeliverable_rerank_reply_is_dead_lettered_and_the_worker_goes_on(kafk
     settings = isolated_settings(kafka_bootstrap, "badrerank")
     ensure_topics(settings.kafka, partitions=1)
     engine = make_engine(tiny_ce_dir, name="tiny-ce", kind="rerank")
-    worker = RerankWorker(settings, engine, RerankOptions())
-    thread = threading.Thread(target=worker.run, daemon=True)
     candidates = [Candidate(id="a", text="open a file"), Candidate(id="b", text="close the door")]
-    thread.start()
-    try:
-        with QueryClient(settings.kafka) as client:
-            wait_for(lambda: worker.ready.is_set(), 60, "worker ready")
-            bad = _with_reply_to(RerankRequest(request_id="r-bad", query="read a file", candidates=candidates,
-                                               reply_to="x"), "__consumer_offsets")
-            _send(settings, settings.kafka.topic_rerank, [bad])
-            (letter,) = read_dead_letters(settings, 1, timeout_s=60)
-            request = RerankRequest(request_id=uuid.uuid4().hex, query="read a file", candidates=candidates,
-                                    reply_to=client.reply_topic)
-            reply = client.request(settings.kafka.topic_rerank, request, RerankReply, timeout_s=60)
-        assert letter.error.code == "reply_failed" and letter.raw_bytes() == bad
-        assert reply.error is None and sorted(r.id for r in reply.results) == ["a", "b"]
-        assert thread.is_alive() and worker.failure is None
-    finally:
-        worker.stop()
-        thread.join(30)
+    running = Running(RerankWorker(settings, engine, RerankOptions()))
+    with QueryClient(settings.kafka) as client, running as worker:
+        wait_for(lambda: worker.ready.is_set(), 60, "worker ready")
+        bad = _with_reply_to(RerankRequest(request_id="r-bad", query="read a file", candidates=candidates,
+                                           reply_to="x"), "__consumer_offsets")
+        _send(settings, settings.kafka.topic_rerank, [bad])
+        (letter,) = read_dead_letters(settings, 1, timeout_s=60)
+        request = RerankRequest(request_id=uuid.uuid4().hex, query="read a file", candidates=candidates,
+                                reply_to=client.reply_topic)
+        reply = client.request(settings.kafka.topic_rerank, request, RerankReply, timeout_s=60)
+        assert running.thread.is_alive() and worker.failure is None
+    assert letter.error.code == "reply_failed" and letter.raw_bytes() == bad
+    assert reply.error is None and sorted(r.id for r in reply.results) == ["a", "b"]
 
 
 def test_a_dead_letter_too_large_for_the_producer_keeps_a_bounded_prefix(kafka_bootstrap, minilm_engine):

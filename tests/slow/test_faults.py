@@ -17,7 +17,7 @@ from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
 from embedstream.workers.sink import point_id
-from fault_rig import FlakyStore, _BROKER_DOWN_S, _GroupProgress, _SteadyProducer, _VOCAB, _assert_exactly, _chunk_events, _chunks_handled, _committed, _free_port, _publish, _spawn_worker
+from fault_rig import FlakyStore, _BROKER_DOWN_S, _GroupProgress, _SteadyProducer, _VOCAB, _assert_exactly, _chunk_events, _chunks_handled, _committed, _committed_to_the_end, _free_port, _publish, _spawn_worker
 
 pytestmark = pytest.mark.kafka
 
@@ -155,12 +155,7 @@ def test_broker_restart_while_producing_and_consuming_loses_nothing(own_broker, 
         assert producer.error is None, repr(producer.error)
         assert running.thread.is_alive(), "the worker died during the broker restart"
         wait_for(lambda: count() == len(events), 120, "every chunk indexed after the restart")
-        progress = _GroupProgress(settings, topic, settings.kafka.group_bulk)
-        try:
-            wait_for(lambda: progress.committed() == progress.end(), 60, "committed offsets reaching the log end")
-            end = progress.end()
-        finally:
-            progress.close()
+        end = _committed_to_the_end(settings, topic, settings.kafka.group_bulk)
         assert running.thread.is_alive()
         print(f"\nbroker restart took {restart_s:.1f} s at {produced_during}/{len(events)} produced; "
               f"{producer.resent} sends retried; log end {end}; embedded {worker.metrics.texts.labels(lane='bulk', kind='chunk')._value.get():.0f}")
@@ -198,12 +193,7 @@ def test_second_worker_joins_and_leaves_mid_stream_loses_nothing(kafka_bootstrap
         producer.thread.join(120)
         assert producer.error is None, repr(producer.error)
         wait_for(lambda: count() == len(events), 120, "every chunk indexed")
-        progress = _GroupProgress(settings, topic, settings.kafka.group_bulk)
-        try:
-            wait_for(lambda: progress.committed() == progress.end(), 60, "committed offsets reaching the log end")
-            end = progress.end()
-        finally:
-            progress.close()
+        end = _committed_to_the_end(settings, topic, settings.kafka.group_bulk)
         assert first.thread.is_alive(), "the first worker died in a rebalance"
         assert len(one.lanes["bulk"].consumer.assignment()) == 4
         print(f"\njoined at {joined_at}, left at {left_at} of {len(events)} produced; embedded "
