@@ -286,3 +286,14 @@ def test_ajv_strict_refuses_the_openapi_discriminator(tmp_path):
     (folder / "Old.schema.json").write_text(json.dumps(old))
     verdicts = _run_ajv(folder, {}, tmp_path)
     assert "discriminator" in (verdicts["Old"]["error"] or "")
+
+
+def test_the_cli_writes_the_checked_schemas(exported, tmp_path):
+    from typer.testing import CliRunner
+
+    from embedstream.cli import app
+
+    result = CliRunner().invoke(app, ["schemas", "export", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    written = {p.name.removesuffix(".schema.json"): json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")}
+    assert written == exported[1]
