@@ -7,6 +7,7 @@ rerank), httpx for the TEI shapes and /search; refusals next to good requests; o
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import threading
 import time
@@ -35,18 +36,16 @@ pytestmark = pytest.mark.kafka
 MODEL = "all-MiniLM-L6-v2"
 
 
-class _Thread:
-    def __init__(self, worker):
-        self.worker = worker
-        self.thread = threading.Thread(target=worker.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self.worker
-
-    def __exit__(self, *exc):
-        self.worker.stop()
-        self.thread.join(30)
+@contextlib.contextmanager
+def _in_thread(worker):
+    """Any worker loop (here the rerank worker) running in a daemon thread for the test's duration."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +69,7 @@ def stack(kafka_bootstrap, minilm_engine, ce_engine, tiny_ce_dir, tiny_bert_dir)
     rerank_worker = RerankWorker(settings, ce_engine, RerankOptions(default_collection="docs"),
                                  searcher=Searcher(store, embedder, ce_engine, "docs"))
     options = GatewayOptions(model=MODEL, rerank_model="tiny-ce", max_inputs=2048, max_body_bytes=4_000_000)
-    with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), _Thread(rerank_worker), \
+    with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), _in_thread(rerank_worker), \
             BackgroundGateway(settings, options) as gateway:
         yield gateway
 

@@ -13,6 +13,7 @@ from embedstream.config import Settings
 from embedstream.engine.postprocess import quantize
 from embedstream.gateway import GatewayOptions, create_app, formats
 from embedstream.gateway.errors import ApiError
+from embedstream.gateway.overload import Admission
 from embedstream.gateway.responses import VectorResponse
 from embedstream.schemas.events import ErrorInfo
 
@@ -44,6 +45,31 @@ def test_scores_convert_between_logits_and_probabilities():
     assert formats.relevance(0.0, "identity", raw=False) == pytest.approx(0.5)
     assert formats.relevance(2.0, "identity", raw=True) == 2.0
     assert formats.relevance(formats.relevance(1.5, "identity", raw=False), "sigmoid", raw=True) == pytest.approx(1.5)
+
+
+def test_admission_refuses_past_inflight_and_lag_bounds():
+    class Lag:
+        value = 0
+
+        def lag(self, lane):
+            return self.value
+
+    lag = Lag()
+    admission = Admission(max_inflight=10, max_lag=100, retry_after_s=2, monitor=lag)  # type: ignore[arg-type]
+    admission.enter("embed", 8)
+    with pytest.raises(ApiError) as refused:
+        admission.enter("rerank", 3)  # 11 in flight would pass 10
+    assert refused.value.status == 429 and refused.value.headers() == {"retry-after": "2"}
+    admission.enter("rerank", 2)
+    admission.leave("embed", 8)
+    admission.leave("rerank", 2)
+    assert admission.inflight == {"embed": 0, "rerank": 0}
+    admission.enter("embed", 50)  # one large request alone is let through (max_inputs bounds it)
+    admission.leave("embed", 50)
+    lag.value = 101
+    with pytest.raises(ApiError, match="101 requests behind"):
+        admission.enter("embed", 1)
+    assert admission.inflight["embed"] == 0
 
 
 def test_worker_error_codes_choose_the_status():
