@@ -88,7 +88,8 @@ def _metadata_value_schema(levels_left: int) -> dict[str, Any]:
     if levels_left == 0:
         return {"anyOf": scalars}
     child = _metadata_value_schema(levels_left - 1)
-    return {"anyOf": [*scalars, _metadata_object_schema(child), {"type": "array", "maxItems": MAX_METADATA_ARRAY_ITEMS, "items": child}]}
+    array = {"type": "array", "maxItems": MAX_METADATA_ARRAY_ITEMS, "items": child}
+    return {"anyOf": [*scalars, _metadata_object_schema(child), array]}
 
 
 def _metadata_object_schema(values: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from embedstream.schemas.events import ErrorInfo, NonEmptyStr, WireModel
 
 FilterScalar = Union[FilterValue, WireInt, float, bool]
 FilterKey = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+FilterList = Annotated[list[Union[FilterValue, WireInt]], Field(max_length=MAX_FILTER_VALUES)]
 TopN = bounded_int(1, MAX_TOP_N, "How many ranked results the reply carries")
 
 
@@ -103,7 +104,7 @@ class SearchRequest(WireModel):
     query: str
     collection: CollectionName | None = Field(default=None, description="Collection or alias; None = the worker's default")
     top_k: bounded_int(1, MAX_TOP_K, "Chunks retrieved by vector search") = 50
-    filters: dict[FilterKey, Union[FilterScalar, Annotated[list[Union[FilterValue, WireInt]], Field(max_length=MAX_FILTER_VALUES)]]] = Field(
+    filters: dict[FilterKey, Union[FilterScalar, FilterList]] = Field(
         default_factory=dict, max_length=MAX_FILTERS, description="payload field == value; a list means any of"
     )
     rerank: bool = Field(default=True, description="Rerank the retrieved chunks with the cross-encoder")
