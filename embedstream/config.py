@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from embedstream.kafka_auth import MaskedSecret
+
 Pooling = Literal["cls", "mean", "last_token"]
 ModelKind = Literal["embed", "rerank"]
 
@@ -118,7 +120,7 @@ class KafkaSettings(BaseModel):
         if self.sasl_mechanism:
             kwargs["sasl_mechanism"] = self.sasl_mechanism
             kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = self.sasl_password.get_secret_value() if self.sasl_password else None
+            kwargs["sasl_plain_password"] = MaskedSecret(self.sasl_password.get_secret_value()) if self.sasl_password else None
         for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
             if getattr(self, key):
                 kwargs[key] = getattr(self, key)

@@ -9,8 +9,8 @@ WARNING log lines. A plaintext client against a TLS listener looks the same.
 :func:`check_kafka_access` makes one connection the way the settings say (TCP, TLS with the CA file,
 SASL with the mechanism and user), within ``timeout_s``, and raises :class:`KafkaAccessError` naming
 what failed: ``kafka_unreachable``, ``kafka_protocol_mismatch`` (e.g. PLAINTEXT against a TLS listener),
-``kafka_tls_failed`` (certificate not trusted, wrong host name) or ``kafka_auth_failed`` (the broker's
-message, e.g. invalid credentials). Workers and producers call it before building their clients.
+``kafka_tls_failed`` (certificate not trusted, wrong host name), ``kafka_auth_failed`` (the broker's
+message, e.g. invalid credentials) or ``kafka_topic_denied`` (ACLs hide a topic the caller needs). Workers and producers call it before building their clients.
 The password is sent only inside the SASL exchange and never appears in a message.
 
 The SASL exchange itself is kafka-python's (``kafka.net.sasl``: SCRAM, PLAIN, ...); this module adds
@@ -24,19 +24,34 @@ import socket
 import ssl
 import struct
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from embedstream.errors import CodedError
 
 if TYPE_CHECKING:
     from embedstream.config import KafkaSettings
 
-API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
+API_VERSIONS, METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 3, 17, 36
+TOPIC_AUTHORIZATION_FAILED = 29
 CLIENT_ID = b"embedstream-access-check"
 
 
 class KafkaAccessError(CodedError):
     """The broker cannot be used with these settings; ``code`` says which step failed."""
+
+
+class MaskedSecret(str):
+    """A password handed to a Kafka client library: the string itself, but ``repr`` shows ``'***'``.
+
+    kafka-python's admin client logs its whole configuration at DEBUG ("Starting KafkaAdminClient with
+    configuration: {...}"), which printed ``sasl_plain_password`` in the clear; dicts render their values
+    with ``repr``, so this keeps the secret out of such lines while the SASL code still reads the value.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'***'"
 
 
 # --------------------------------------------------------------------------- framing (stdlib)
@@ -68,6 +83,39 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 def _string(value: str) -> bytes:
     data = value.encode()
     return struct.pack(">h", len(data)) + data
+
+
+def _skip_array(data: bytes, offset: int, item_size: int) -> int:
+    (count,) = struct.unpack(">i", data[offset : offset + 4])
+    return offset + 4 + max(count, 0) * item_size
+
+
+def _denied_topics(sock: socket.socket, topics: list[str]) -> list[str]:
+    """Topics a Metadata v4 request (no auto-creation) answers with TOPIC_AUTHORIZATION_FAILED."""
+    body = struct.pack(">i", len(topics)) + b"".join(_string(t) for t in topics) + b"\x00"
+    data = send_request(sock, METADATA, 4, body, correlation_id=10)
+    offset = 4  # throttle_time_ms
+    (brokers,) = struct.unpack(">i", data[offset : offset + 4])
+    offset += 4
+    for _ in range(brokers):  # node_id, host, port, rack
+        _, offset = _read_nullable_string(data, offset + 4)
+        _, offset = _read_nullable_string(data, offset + 4)
+    _, offset = _read_nullable_string(data, offset)  # cluster_id
+    offset += 4  # controller_id
+    (count,) = struct.unpack(">i", data[offset : offset + 4])
+    offset += 4
+    denied = []
+    for _ in range(count):
+        (error,) = struct.unpack(">h", data[offset : offset + 2])
+        name, offset = _read_nullable_string(data, offset + 2)
+        offset += 1  # is_internal
+        (partitions,) = struct.unpack(">i", data[offset : offset + 4])
+        offset += 4
+        for _ in range(max(partitions, 0)):  # error, index, leader, replicas[], isr[]
+            offset = _skip_array(data, _skip_array(data, offset + 10, 4), 4)
+        if error == TOPIC_AUTHORIZATION_FAILED:
+            denied.append(name)
+    return denied
 
 
 def _read_nullable_string(data: bytes, offset: int) -> tuple[str | None, int]:
@@ -131,7 +179,7 @@ def _sasl_login(sock: socket.socket, kafka: KafkaSettings, where: str) -> None:
         raise KafkaAccessError("kafka_auth_failed", f"{where}: SASL {mechanism_name} login did not complete")
 
 
-def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float) -> None:
+def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float, topics: list[str]) -> None:
     protocol = kafka.security_protocol
     where = f"broker {host}:{port}"
     try:
@@ -161,6 +209,13 @@ def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float) -> N
                 raise ValueError(f"ApiVersions error code {error}")
             if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
                 _sasl_login(sock, kafka, where)
+            denied = _denied_topics(sock, topics) if topics else []
+            if denied:
+                raise KafkaAccessError(
+                    "kafka_topic_denied",
+                    f"{where} does not let user {kafka.sasl_username!r} use topic(s) {', '.join(sorted(denied))} "
+                    "(TOPIC_AUTHORIZATION_FAILED); grant it Describe and Read or Write on them",
+                )
         except KafkaAccessError:
             raise
         except TimeoutError as exc:
@@ -175,11 +230,15 @@ def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float) -> N
             ) from exc
 
 
-def check_kafka_access(kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
+def check_kafka_access(kafka: KafkaSettings, timeout_s: float = 10.0, topics: Sequence[str] = ()) -> None:
     """Log in to the first bootstrap server that accepts a connection, within ``timeout_s``.
 
     Returns quietly when the settings work. A refused login or certificate is final and raised at
     once; an unreachable server moves on to the next one, and the last failure is raised.
+
+    ``topics``: also ask for their metadata (without creating them) and raise ``kafka_topic_denied``
+    for those the user may not see. kafka-python's consumer does not: a subscription to a topic the
+    principal may not read polls nothing, forever, with the refusal only in DEBUG lines.
     """
     deadline = time.monotonic() + timeout_s
     last: KafkaAccessError | None = None
@@ -187,7 +246,7 @@ def check_kafka_access(kafka: KafkaSettings, timeout_s: float = 10.0) -> None:
         host, _, port = server.strip().rpartition(":")
         host = host.strip("[]") or "localhost"
         try:
-            _check_one(host, int(port or 9092), kafka, deadline)
+            _check_one(host, int(port or 9092), kafka, deadline, list(topics))
             return
         except KafkaAccessError as exc:
             if exc.code != "kafka_unreachable":
