@@ -148,9 +148,8 @@ def admit(event: Any, policy: TrustPolicy) -> Any:
     Chunks come back with the worker's own content hash; ``reply_to`` is checked before the
     collection, so a refused collection can still be answered safely.
     """
-    reply_to = getattr(event, "reply_to", None) if isinstance(event, (QueryRequest, RerankRequest, SearchRequest)) else None
-    if reply_to is not None:
-        reason = reply_to_refusal(reply_to, policy)
+    if isinstance(event, (QueryRequest, RerankRequest, SearchRequest)):
+        reason = reply_to_refusal(event.reply_to, policy)
         if reason:
             raise TrustError("reply_to_not_allowed", reason)
     if isinstance(event, (ChunkEvent, DocumentDelete, SearchRequest)):
