@@ -10,7 +10,8 @@ WARNING log lines. A plaintext client against a TLS listener looks the same.
 SASL with the mechanism and user), within ``timeout_s``, and raises :class:`KafkaAccessError` naming
 what failed: ``kafka_unreachable``, ``kafka_protocol_mismatch`` (e.g. PLAINTEXT against a TLS listener),
 ``kafka_tls_failed`` (certificate not trusted, wrong host name), ``kafka_auth_failed`` (the broker's
-message, e.g. invalid credentials) or ``kafka_topic_denied`` (ACLs hide a topic the caller needs). Workers and producers call it before building their clients.
+message, e.g. invalid credentials) or ``kafka_topic_denied`` (ACLs hide a topic the caller needs).
+Workers and producers call it before building their clients.
 The password is sent only inside the SASL exchange and never appears in a message.
 
 The SASL exchange itself is kafka-python's (``kafka.net.sasl``: SCRAM, PLAIN, ...); this module adds

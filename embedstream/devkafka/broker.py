@@ -198,10 +198,13 @@ def restart(
     *,
     stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
     home: Path | str | None = None,
+    security: str = PLAINTEXT,
+    users: Mapping[str, str] | None = None,
+    grants: Sequence[AclGrant] = (),
 ) -> BrokerInfo:
     """Stop then start with the same data dir (topics and offsets kept): for fault-injection tests."""
     stop(port, data_dir, timeout_s=stop_timeout_s)
-    return start(host, port, data_dir, wait_s, home=home)
+    return start(host, port, data_dir, wait_s, home=home, security=security, users=users, grants=grants)
 
 
 def status(port: int = DEFAULT_PORT, data_dir: Path | str | None = None) -> dict:

@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         cmd = add(name, help_)
         cmd.add_argument("--host", default=DEFAULT_HOST)
         cmd.add_argument(
+            "--secure", action="store_true",
+            help="SASL_SSL (SCRAM-SHA-512) with TLS and ACLs; the admin's settings go to <data-dir>/security/admin.env",
+        )
+        cmd.add_argument(
             "--wait", type=float, default=DEFAULT_WAIT_S, help="seconds to wait for the broker to answer"
         )
     add("stop", "stop the broker").add_argument(
@@ -62,11 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("start", "restart"):
             fn = start if args.command == "start" else restart
             t0 = time.monotonic()
-            info = fn(args.host, args.port, args.data_dir, args.wait)
+            security = "sasl_ssl" if args.secure else "plaintext"
+            info = fn(args.host, args.port, args.data_dir, args.wait, security=security)
             _say(
                 f"kafka {info.version} answering on {info.bootstrap} after {time.monotonic() - t0:.1f} s "
                 f"(pid {info.pid}, data {info.data_dir}, log {info.log_path})"
             )
+            if info.admin_env is not None:
+                _say(f"SASL_SSL: CA {info.ca_file}; admin settings (EMBEDSTREAM_KAFKA__*) in {info.admin_env}")
             _say(info.bootstrap, sys.stdout)
         elif args.command == "stop":
             stopped = stop(args.port, args.data_dir, args.timeout)

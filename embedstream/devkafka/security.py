@@ -180,8 +180,8 @@ def provision(
         KafkaAdminClient,
         ResourcePattern,
         ResourceType,
+        UserScramCredentialUpsertion,
     )
-    from kafka.admin._users import UserScramCredentialUpsertion
 
     from embedstream.config import KafkaSettings
     from embedstream.kafka_auth import KafkaAccessError, check_kafka_access
