@@ -1,4 +1,4 @@
-"""ChunkPublisher and QueryClient against a real broker (a private dev broker on a free port).
+"""ChunkPublisher, topic administration and QueryClient against the test run's real broker (fresh topics per test).
 
 The query client is exercised against a tiny echo responder thread standing in for the workers.
 """
@@ -6,7 +6,6 @@ The query client is exercised against a tiny echo responder thread standing in f
 from __future__ import annotations
 
 import shutil
-import socket
 import statistics
 import threading
 import time
@@ -17,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from pydantic import BaseModel
 
-from embedstream import devkafka
 from embedstream.config import KafkaSettings, default_registry
 from embedstream.engine.model_spec import resolve_model
 from embedstream.producers.chunker import Chunker
@@ -36,40 +34,12 @@ pytestmark = [
 ]
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port_pair(start: int = 19193, stop: int = 19493) -> int:
-    """First port p with p and p+1 free (the broker's controller listens on p+1)."""
-    for port in range(start, stop, 2):
-        if _bindable(port) and _bindable(port + 1):
-            return port
-    pytest.skip(f"no free port pair in {start}..{stop}")
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    port = _free_port_pair()
-    data_dir = tmp_path_factory.mktemp("kafka-producers")
-    try:
-        yield devkafka.start(port=port, data_dir=data_dir)
-    finally:
-        devkafka.stop(port=port, data_dir=data_dir)
-
-
 @pytest.fixture
-def settings(broker) -> KafkaSettings:
+def settings(kafka_bootstrap) -> KafkaSettings:
     """Fresh topic names per test, so tests never see each other's records."""
     tag = uuid.uuid4().hex[:8]
     names = {field: f"t-{tag}-{field.removeprefix('topic_')}" for field in KafkaSettings.model_fields if field.startswith("topic_")}
-    return KafkaSettings(bootstrap_servers=broker.bootstrap, **names)
+    return KafkaSettings(bootstrap_servers=kafka_bootstrap, **names)
 
 
 @pytest.fixture(scope="module")
