@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embedstream.schemas.bounds import MAX_CANDIDATES
+
 
 @dataclass
 class GatewayOptions:
     model: str | None = None  # the embed workers' model (registry name or folder); None = settings.default_model
     rerank_model: str | None = None  # the rerank workers' cross-encoder; None = rerank routes answer 424
     max_inputs: int = 2048  # texts per embed request (OpenAI's own limit); more is 413
-    max_documents: int = 1000  # documents per rerank request; the rerank worker refuses above its max_candidates
+    max_documents: int = MAX_CANDIDATES  # per rerank request (the wire's bound); the worker's own (50) may be lower
     max_body_bytes: int = 8 * 1024 * 1024  # request body; more is 413 (read and discarded, never buffered)
     max_inflight: int = 4096  # Kafka requests awaiting a reply, per gateway; past it 429
     max_lag: int = 2000  # records the online lane's consumer group is behind; past it 429
