@@ -55,7 +55,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None
     raise RuntimeError(f"the gateway did not answer /health within {timeout_s:g} s")
 
 
-class _Paths:
+class RoundTrips:
     """One round trip of one text, by either path; raises on any error so nothing is silently dropped."""
 
     def __init__(self, url: str, client: QueryClient, timeout_s: float = 30.0):
@@ -81,7 +81,7 @@ class _Paths:
         self.http.close()
 
 
-def _alternating(paths: _Paths, texts: list[str], count: int, concurrency: int, max_s: float) -> dict[str, list[float]]:
+def alternating(paths: RoundTrips, texts: list[str], count: int, concurrency: int, max_s: float) -> dict[str, list[float]]:
     """``count`` round trips per path, alternating, ``concurrency`` at a time, stopped after ``max_s``."""
     times: dict[str, list[float]] = {"http": [], "kafka": []}
     stop_at = time.monotonic() + max_s
@@ -102,7 +102,7 @@ def _alternating(paths: _Paths, texts: list[str], count: int, concurrency: int, 
     return times
 
 
-def _soak(paths: _Paths, texts: list[str], concurrency: int, seconds: float) -> dict:
+def soak(paths: RoundTrips, texts: list[str], concurrency: int, seconds: float) -> dict:
     """``concurrency`` clients sending back to back over HTTP for ``seconds``; every request is counted."""
     counts: Counter = Counter()
     lock = threading.Lock()
@@ -162,18 +162,18 @@ def run(port: int = 9092, requests: int = 300, concurrency: tuple[int, ...] = (1
         _wait_http(url, procs[-1])
         texts = _queries()
         with QueryClient(k) as client:
-            paths = _Paths(url, client)
+            paths = RoundTrips(url, client)
             try:
-                _alternating(paths, texts, warmup, 1, max_s)
+                alternating(paths, texts, warmup, 1, max_s)
                 for c in concurrency:
-                    times = _alternating(paths, texts, requests, c, max_s)
+                    times = alternating(paths, texts, requests, c, max_s)
                     http, kafka = np.array(times["http"]), np.array(times["kafka"])
                     out["rows"].append({"concurrency": c, "count": min(len(http), len(kafka)),
                                         "http_p50": float(np.percentile(http, 50)), "http_p95": float(np.percentile(http, 95)),
                                         "kafka_p50": float(np.percentile(kafka, 50)),
                                         "kafka_p95": float(np.percentile(kafka, 95))})
                 if soak_s > 0:
-                    out["soak"] = _soak(paths, texts, soak_concurrency, soak_s)
+                    out["soak"] = soak(paths, texts, soak_concurrency, soak_s)
                     out["soak"]["concurrency"] = soak_concurrency
             finally:
                 paths.close()

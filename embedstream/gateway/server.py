@@ -38,6 +38,7 @@ class BackgroundGateway:
 
     def __init__(self, settings: Settings, options: GatewayOptions | None = None, host: str = "127.0.0.1",
                  port: int | None = None, start_timeout_s: float = 60.0):
+        self.settings = settings
         self.host, self.port = host, port or free_port(host)
         self.server = uvicorn.Server(_config(settings, options or GatewayOptions(), self.host, self.port, "warning"))
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)

@@ -75,7 +75,10 @@ class Gateway:
         return spec.name
 
     def deadline(self, headers) -> float:
-        """The client's timeout (or the default), capped, as a monotonic instant."""
+        """The client's timeout (or the default), capped, as a monotonic instant.
+
+        A tenth of it (at most 250 ms) is kept back so the 504 reaches the client before its own
+        timeout fires and it sees a bare disconnect instead."""
         timeout = self.options.default_timeout_s
         for name in TIMEOUT_HEADERS:
             value = headers.get(name)
@@ -87,7 +90,8 @@ class Gateway:
                 break
         if not timeout > 0:
             raise ApiError(422, "invalid_request", "the request timeout must be positive")
-        return time.monotonic() + min(timeout, self.options.max_timeout_s)
+        timeout = min(timeout, self.options.max_timeout_s)
+        return time.monotonic() + timeout - min(0.25, timeout / 10)
 
     def _check_texts(self, texts: list[str], what: str) -> None:
         if not texts:
@@ -149,9 +153,10 @@ class Gateway:
                                  prompt=ask.prompt, reply_to=lanes.reply_topic, deadline_ms=expires, sent_at_ms=sent)
                     for text in ask.texts]
         replies = await lanes.call("embed", self.settings.kafka.topic_queries, requests, QueryReply, deadline)
-        for reply in replies:
+        for i, reply in enumerate(replies):
             if reply.error is not None:
-                raise ApiError.from_worker(reply.error)
+                err = ApiError.from_worker(reply.error)
+                raise ApiError(err.status, err.code, f"{what}[{i}]: {err.message}", param=what)
         vectors = np.asarray([r.embedding for r in replies], dtype=np.float32)
         if ask.normalize and not self.spec.normalize:
             vectors = postprocess.l2_normalize(vectors)

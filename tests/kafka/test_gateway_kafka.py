@@ -217,6 +217,22 @@ def test_bad_requests_get_their_status_while_good_ones_around_them_succeed(stack
     assert 'route="openai_embeddings",status="413"' in metrics and 'embedstream_gateway_inflight{lane="embed"} 0.0' in metrics
 
 
+def test_bench_gateway_round_trips_account_for_every_request(stack):
+    """The bench's two paths and its soak on the test stack: every request timed or counted, none lost."""
+    from embedstream.bench import gateway_bench
+    from embedstream.producers.query_client import QueryClient
+
+    with QueryClient(stack.settings.kafka) as client:
+        paths = gateway_bench.RoundTrips(stack.url, client)
+        try:
+            times = gateway_bench.alternating(paths, TEXTS, count=6, concurrency=4, max_s=120)
+            soaked = gateway_bench.soak(paths, TEXTS, concurrency=4, seconds=2)
+        finally:
+            paths.close()
+    assert len(times["http"]) == len(times["kafka"]) == 6 and min(times["http"] + times["kafka"]) > 0
+    assert soaked["sent"] == soaked["ok"] > 0 and soaked["lost"] == 0
+
+
 def test_overload_by_lane_lag_is_429_with_retry_after(kafka_bootstrap):
     """No worker consumes this lane: once its backlog passes max_lag, new requests are refused at once."""
     from kafka import KafkaProducer
