@@ -69,12 +69,16 @@ class QueryLoop:
         self.thread.join(10)
 
 
+def _versioned_case(kafka_bootstrap: str, name: str, partitions: int):
+    """One test's own topics and an empty store; collections versioned behind an alias (the production default)."""
+    settings = isolated_settings(kafka_bootstrap, name, versioned_collections=True)
+    ensure_topics(settings.kafka, partitions=partitions)
+    return settings, memory_store(), settings.qdrant.collection
+
+
 @pytest.mark.timeout(400)
 def test_replay_into_new_version_switches_alias_without_failed_queries(kafka_bootstrap, minilm_engine):
-    settings = isolated_settings(kafka_bootstrap, "reindex", versioned_collections=True)
-    ensure_topics(settings.kafka, partitions=3)
-    store = memory_store()
-    alias = settings.qdrant.collection
+    settings, store, alias = _versioned_case(kafka_bootstrap, "reindex", partitions=3)
     docs = documents(24, seed=21)
     old_chunker, new_chunker = _chunker(minilm_engine, 120), _chunker(minilm_engine, 48)
     with ChunkPublisher(settings.kafka, lane="bulk") as pub:
@@ -110,10 +114,7 @@ def test_replay_into_new_version_switches_alias_without_failed_queries(kafka_boo
 
 @pytest.mark.timeout(400)
 def test_crashed_replay_resumes_and_deleted_documents_stay_deleted(kafka_bootstrap, minilm_engine):
-    settings = isolated_settings(kafka_bootstrap, "resume", versioned_collections=True)
-    ensure_topics(settings.kafka, partitions=2)
-    store = memory_store()
-    alias = settings.qdrant.collection
+    settings, store, alias = _versioned_case(kafka_bootstrap, "resume", partitions=2)
     docs = documents(30, seed=8)
     chunker = _chunker(minilm_engine, 96)
     with ChunkPublisher(settings.kafka, lane="bulk") as pub:
