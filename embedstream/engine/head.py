@@ -92,9 +92,9 @@ class EmbeddingHead:
         self.dense = [DenseLayer(layer, device) for layer in spec.dense]
         self.dimensions = spec.dense[-1].out_features if spec.dense else hidden_size
 
-    @torch.inference_mode()
     def project(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        """Pool and apply the Dense layers: float32 [B, D] on the CPU, in packed order."""
+        """Pool and apply the Dense layers: float32 [B, D] on the CPU, in packed order (called inside
+        the runner's inference mode)."""
         vectors = pooling.pool(hidden, batch, self.spec.pooling, self.spec.include_prompt).float()
         for layer in self.dense:
             vectors = layer(vectors)

@@ -18,10 +18,8 @@ from embedstream.engine.packed import PackedBatch
 POOLING_MODES = ("cls", "mean", "last_token")
 
 
-def _prompt_skip(batch: PackedBatch, lengths: torch.Tensor) -> torch.Tensor | None:
-    """Per sequence, the leading tokens pooling leaves out (None: none anywhere)."""
-    if not batch.prompt_tokens:
-        return None
+def _prompt_skip(batch: PackedBatch, lengths: torch.Tensor) -> torch.Tensor:
+    """Per sequence, the leading tokens pooling leaves out: its prompt, where tokens follow it."""
     skip = torch.tensor(batch.prompt_tokens, dtype=torch.long, device=lengths.device)
     return torch.where(lengths > skip, skip, torch.zeros_like(skip))
 
@@ -30,7 +28,7 @@ def pool(hidden: torch.Tensor, batch: PackedBatch, mode: str, include_prompt: bo
     """Returns [B, H] in packed-sequence order."""
     cu = batch.cu_seqlens.to(hidden.device).long()
     lengths = cu[1:] - cu[:-1]
-    skip = None if include_prompt else _prompt_skip(batch, lengths)
+    skip = None if include_prompt or not batch.prompt_tokens else _prompt_skip(batch, lengths)
     if mode == "cls":
         return hidden[cu[:-1] if skip is None else cu[:-1] + skip]
     if mode == "last_token":
