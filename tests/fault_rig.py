@@ -3,15 +3,12 @@ in its own process, a steady producer."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from conftest import wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
-from embedstream.schemas.codec import encode
 from embedstream.workers.sink import point_id
 
 

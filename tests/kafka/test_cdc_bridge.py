@@ -13,10 +13,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from embedstream.vectorstore import CollectionNotFound
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.debezium import CdcConfig, CdcError, Change, from_extended_json, parse_change, unwrap
+from embedstream.producers.debezium import CdcConfig
 from embedstream.producers.topics import all_topics, ensure_topics
-from embedstream.schemas import ChunkEvent
-from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions, apply_change, truncate_error
+from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions
 from embedstream.workers.embed_worker import WorkerOptions
 from embedstream.workers.runtime import build_embed_worker
 from embedstream.workers.sink import point_id

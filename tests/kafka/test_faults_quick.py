@@ -5,12 +5,11 @@ Each test ends with an exact count of points and ids in the store, and checks co
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
-from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from conftest import isolated_settings, memory_store, wait_for
+from kafka import KafkaConsumer
 from worker_rig import RunningWorker
 
 from embedstream.producers.topics import ensure_topics

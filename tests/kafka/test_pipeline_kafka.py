@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 
@@ -18,9 +17,8 @@ from embedstream.producers.chunker import Chunker
 from embedstream.producers.publisher import ChunkPublisher
 from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient
-from embedstream.schemas import ChunkEvent, DeadLetter, QueryReply, QueryRequest
-from embedstream.schemas.codec import decode, encode
-from embedstream.workers.runtime import build_embed_worker
+from embedstream.schemas import ChunkEvent, QueryReply, QueryRequest
+from embedstream.schemas.codec import encode
 from embedstream.workers.sink import point_id
 
 from worker_rig import RunningWorker

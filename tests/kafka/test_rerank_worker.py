@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -13,8 +12,7 @@ from embedstream.bench.corpus import stdlib_paragraphs
 from embedstream.vectorstore.factory import open_store
 from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient
-from embedstream.schemas import ChunkEvent, DeadLetter
-from embedstream.schemas.codec import decode
+from embedstream.schemas import ChunkEvent
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
 from embedstream.workers.kafka_io import broker_reachable
 from worker_rig import Running

@@ -10,14 +10,13 @@ import time
 
 import pytest
 from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from worker_rig import RunningWorker
 
 from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
 from embedstream.workers.sink import point_id
-from fault_rig import FlakyStore, _BROKER_DOWN_S, _GroupProgress, _SteadyProducer, _VOCAB, _assert_exactly, _chunk_events, _chunks_handled, _committed, _committed_to_the_end, _free_port, _publish, _spawn_worker
+from fault_rig import _BROKER_DOWN_S, _GroupProgress, _SteadyProducer, _assert_exactly, _chunk_events, _chunks_handled, _committed, _committed_to_the_end, _free_port, _publish, _spawn_worker
 
 pytestmark = pytest.mark.kafka
 
