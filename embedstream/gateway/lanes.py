@@ -54,8 +54,7 @@ class KafkaLanes:
             except (ClientClosedError, RuntimeError) as exc:
                 raise ApiError(503, "kafka_unavailable", str(exc)) from None
             finally:
-                for request in requests:
-                    self.client.cancel(request.request_id)  # type: ignore[attr-defined]
+                self._abandon(requests)  # replies still due (timeout, an error) are skipped when they come
         finally:
             self.admission.leave(lane, len(requests))
 
@@ -73,6 +72,7 @@ class KafkaLanes:
         return futures
 
     def _abandon(self, sent: list[BaseModel]) -> None:
+        """Stop waiting for these requests' replies (no-op for those already answered)."""
         for request in sent:
             self.client.cancel(request.request_id)  # type: ignore[attr-defined]
 

@@ -57,6 +57,8 @@ def slowest(timings: list[dict[str, float]]) -> dict[str, float]:
 
 
 class Gateway:
+    """Turns checked requests into lane events and replies into vectors, scores and hits (no HTTP here)."""
+
     def __init__(self, settings: Settings, options: GatewayOptions, spec: ModelSpec, rerank_spec: ModelSpec | None = None,
                  lanes: KafkaLanes | None = None, rerank_problem: str = "no reranker is configured"):
         self.settings, self.options, self.lanes = settings, options, lanes
@@ -122,6 +124,9 @@ class Gateway:
 
     def decode_token_ids(self, ids: list[list[int]]) -> list[str]:
         """Token ids of the served model's own tokenizer back to text (vLLM's meaning of token-id input)."""
+        if len(ids) > self.options.max_inputs:  # before decoding any of them
+            raise ApiError(413, "too_many_inputs", f"input has {len(ids)} items, over the limit of "
+                           f"{self.options.max_inputs} per request", param="input")
         if self._tokenizer is None:
             from embedstream.engine.tokenize import load_tokenizer
 

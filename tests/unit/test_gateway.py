@@ -90,6 +90,7 @@ def test_worker_error_codes_choose_the_status():
     ("/v1/embeddings", {"input": "hi", "dimensions": 128}, 422, "bad_dimensions"),
     ("/v1/embeddings", {"input": "hi", "model": "text-embedding-3-small"}, 404, "model_not_found"),
     ("/v1/embeddings", {"input": [[1, 2, 10**9]]}, 422, "invalid_token_id"),
+    ("/v1/embeddings", {"input": [[101, 102]] * 3000}, 413, "too_many_inputs"),
     ("/v1/embeddings", {"input": "hi", "encoding_format": "int4"}, 422, "invalid_request"),
     ("/embeddings", {"input": "   "}, 422, "empty_text"),
 ])
