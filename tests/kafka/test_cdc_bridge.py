@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import MessageSizeTooLargeError
 
 from embedstream.vectorstore import CollectionNotFound
 from embedstream.producers.chunker import Chunker
@@ -308,3 +309,42 @@ def test_cdc_bad_input_is_dead_lettered_and_the_bridge_carries_on(kafka_bootstra
     assert sorted(letter.error.code for letter in letters) == sorted(code for code, _, _ in bad)
     assert all(letter.error.message and letter.source_topic == rig.topic for letter in letters)
     assert {letter.raw_bytes() for letter in letters} == {v if isinstance(v, bytes) else raw(v) for _, _, v in bad}
+
+
+class RefusingPublisher:
+    """The bridge's real publisher, except that the broker refuses one document's records as too large."""
+
+    def __init__(self, publisher, refused_doc: str):
+        self.publisher, self.refused_doc = publisher, refused_doc
+        self.refusals = 0
+
+    def publish_chunks(self, document, chunks, **kwargs):
+        if document.doc_id == self.refused_doc:
+            self.refusals += 1
+            raise MessageSizeTooLargeError(f"document {document.doc_id} is larger than the broker accepts")
+        return self.publisher.publish_chunks(document, chunks, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.publisher, name)
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(420)
+def test_cdc_change_the_chunk_lane_refuses_is_dead_lettered_and_the_bridge_carries_on(kafka_bootstrap, minilm_engine,
+                                                                                      small_chunker):
+    """A permanent publish failure (non-retriable Kafka error) costs one change, not the bridge."""
+    rig = Rig(kafka_bootstrap, minilm_engine, "cdcrefused", CONFIG, small_chunker)
+    table = {str(i): row(i, f"Good {i}", _body(i, 2)) for i in (30, 31)}
+    refused = envelope("c", after=row(32, "Too large", _body(32, 2)))
+    rig.bridge.publisher = RefusingPublisher(rig.bridge.publisher, refused_doc="32")
+    with rig:
+        rig.send(key(30), envelope("c", after=table["30"]))
+        rig.send(key(32), refused)
+        rig.send(key(31), envelope("c", after=table["31"]))
+        rig.settle()
+        (letter,) = read_dead_letters(rig.settings, 1)
+        final = rig.state()
+        assert rig.bridge.failure is None
+    assert final == expected_state(table, small_chunker, ("title", "body"), _relational_meta)
+    assert letter.error.code == "write_rejected" and "MessageSizeTooLargeError" in letter.error.message
+    assert letter.raw_bytes() == raw(refused) and letter.source_topic == rig.topic
