@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
+from embedstream.config import KafkaSettings
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.layout import Layout, write_text
 from embedstream.devkafka.tls import ensure_certificates
+from embedstream.kafka_auth import KafkaAccessError, check_kafka_access
 
 PLAINTEXT = "plaintext"
 SASL_SSL = "sasl_ssl"
@@ -172,7 +174,7 @@ def provision(
 
     Returns once every user can authenticate, so a test that starts the broker can connect at once.
     """
-    from kafka.admin import (
+    from kafka.admin import (  # kafka-python only here: the plain broker starts without it
         ACL,
         ACLOperation,
         ACLPermissionType,
@@ -183,16 +185,13 @@ def provision(
         UserScramCredentialUpsertion,
     )
 
-    from embedstream.config import KafkaSettings
-    from embedstream.kafka_auth import KafkaAccessError, check_kafka_access
-
     if ADMIN_USER in users:
         raise DevKafkaError(f"{ADMIN_USER!r} is the broker's own super user; pick another user name")
     for grant in grants:
         if grant.user not in users:
             raise DevKafkaError(f"ACL grant for unknown user {grant.user!r}; add it to users")
     admin_settings = KafkaSettings(**client_settings(bootstrap, files, ADMIN_USER, files.admin_password))
-    _wait_authenticates(admin_settings, timeout_s, check_kafka_access, KafkaAccessError)
+    _wait_authenticates(admin_settings, timeout_s)
     admin = KafkaAdminClient(**admin_settings.client_kwargs(), client_id="embedstream-devkafka",
                              request_timeout_ms=int(timeout_s * 1000))
     try:
@@ -223,17 +222,17 @@ def provision(
         admin.close()
     for user, password in users.items():
         settings = KafkaSettings(**client_settings(bootstrap, files, user, password))
-        _wait_authenticates(settings, timeout_s, check_kafka_access, KafkaAccessError)
+        _wait_authenticates(settings, timeout_s)
 
 
-def _wait_authenticates(settings, timeout_s: float, check, error_type) -> None:
+def _wait_authenticates(settings: KafkaSettings, timeout_s: float) -> None:
     """A new SCRAM credential reaches the broker's cache a moment after the controller accepted it."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            check(settings, timeout_s=min(10.0, timeout_s))
+            check_kafka_access(settings, timeout_s=min(10.0, timeout_s))
             return
-        except error_type as exc:
+        except KafkaAccessError as exc:
             if time.monotonic() >= deadline:
                 raise DevKafkaError(
                     f"user {settings.sasl_username!r} cannot use the secured broker: {exc}"

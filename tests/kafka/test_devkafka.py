@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import time
 import uuid
 
@@ -41,13 +40,7 @@ def _free_port_pair() -> int:
 
 
 def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return devkafka.port_free("127.0.0.1", port)
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:

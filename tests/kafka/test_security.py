@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import stat
 import uuid
 
@@ -48,13 +47,7 @@ WORKER_GRANTS = (
 
 
 def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return devkafka.port_free("127.0.0.1", port)
 
 
 @pytest.fixture(scope="module")
