@@ -190,6 +190,9 @@ def provision(
     for grant in grants:
         if grant.user not in users:
             raise DevKafkaError(f"ACL grant for unknown user {grant.user!r}; add it to users")
+        unknown = [op for op in grant.operations if op.upper() not in ACLOperation.__members__]
+        if unknown or grant.resource.upper() not in ResourceType.__members__:
+            raise DevKafkaError(f"ACL grant {grant}: unknown resource type or operation(s) {unknown}")
     admin_settings = KafkaSettings(**client_settings(bootstrap, files, ADMIN_USER, files.admin_password))
     _wait_authenticates(admin_settings, timeout_s)
     admin = KafkaAdminClient(**admin_settings.client_kwargs(), client_id="embedstream-devkafka",

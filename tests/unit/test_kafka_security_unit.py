@@ -12,7 +12,7 @@ import pytest
 from embedstream import devkafka
 from embedstream.config import KafkaSettings
 from embedstream.devkafka.layout import layout_for
-from embedstream.devkafka.security import SecureFiles, check_mode, prepare, server_overrides
+from embedstream.devkafka.security import AclGrant, SecureFiles, check_mode, prepare, provision, server_overrides
 from embedstream.kafka_auth import KafkaAccessError, MaskedSecret, check_kafka_access
 
 PASSWORD = "s3cret-value-for-unit-test"
@@ -60,6 +60,11 @@ def test_security_options_are_checked_before_anything_starts(tmp_path):
     with pytest.raises(devkafka.DevKafkaError) as plain_users:
         devkafka.start(port=19000, data_dir=tmp_path, users={"u": "p"})
     assert plain_users.value.code == "dev_kafka" and "sasl_ssl" in str(plain_users.value)
+    files = SecureFiles(tmp_path, tmp_path / "ca.pem", tmp_path / "broker.pem", PASSWORD)
+    for users, grant in (({"u": "p"}, AclGrant("u", "topic", "t", ("raed",))),  # checked before connecting
+                         ({"u": "p"}, AclGrant("v", "topic", "t")), ({"admin": "p"}, AclGrant("admin", "topic", "t"))):
+        with pytest.raises(devkafka.DevKafkaError):
+            provision("127.0.0.1:1", files, users, [grant], timeout_s=1)
 
 
 def _free_port() -> int:
