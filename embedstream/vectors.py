@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Any
 
 import numpy as np
 
@@ -76,19 +77,24 @@ def matryoshka_cut(vector: np.ndarray, dims: int | None, normalize: bool = True)
 
 
 # -- int8 and uint8 -----------------------------------------------------------------------------
-def int8_encode(vector: np.ndarray) -> tuple[np.ndarray, float]:
-    """Symmetric int8 codes with one scale: the largest magnitude maps to +-127."""
-    peak = float(np.max(np.abs(vector))) if vector.size else 0.0
-    scale = peak / 127.0 if peak > 0 else 1.0
-    return np.clip(np.rint(vector / scale), -127, 127).astype(np.int8), scale
+def int8_encode(vector: np.ndarray) -> tuple[np.ndarray, Any]:
+    """Symmetric int8 codes with one scale per vector: the largest magnitude maps to +-127.
+
+    One vector gives a float scale; a matrix [N, D] gives one scale per row (an [N] array)."""
+    peak = np.max(np.abs(vector), axis=-1, keepdims=True).astype(np.float64) if vector.size else np.zeros(1)
+    scale = np.where(peak > 0, peak / 127.0, 1.0)
+    codes = np.clip(np.rint(vector / scale), -127, 127).astype(np.int8)
+    return codes, float(scale[0]) if vector.ndim == 1 else scale[..., 0]
 
 
-def int8_decode(codes: np.ndarray, scale: float | None) -> np.ndarray:
-    return codes.astype(np.float32) * float(scale or 1.0)
+def int8_decode(codes: np.ndarray, scale: Any) -> np.ndarray:
+    """Back to float32: ``code * scale`` (a float, or one per row of a matrix)."""
+    scale = np.asarray(1.0 if scale is None else scale, dtype=np.float32)
+    return codes.astype(np.float32) * (scale[..., None] if scale.ndim else scale)
 
 
-def uint8_encode(vector: np.ndarray) -> tuple[np.ndarray, float]:
-    """The int8 codes shifted into 0..255 (as float32, what the stores take) and their scale."""
+def uint8_encode(vector: np.ndarray) -> tuple[np.ndarray, Any]:
+    """The int8 codes shifted into 0..255 (as float32, what the stores take) and their scale(s)."""
     codes, scale = int8_encode(vector)
     return codes.astype(np.float32) + _UINT8_SHIFT, scale
 

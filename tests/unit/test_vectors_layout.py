@@ -93,3 +93,14 @@ def test_named_vectors_hold_full_and_each_matryoshka_size_with_scales():
     assert float(l2_normalize(restored) @ matryoshka_cut(v, 8)) > 0.999
     floats, none = named_vectors(v, (16,), "float32")
     assert none == {} and np.allclose(floats["mrl_16"], matryoshka_cut(v, 16))
+
+
+def test_int8_codec_works_row_by_row_on_a_matrix():
+    m = np.stack([_unit(16, 5), 3 * _unit(16, 6), np.zeros(16, dtype=np.float32)])
+    codes, scales = int8_encode(m)
+    assert codes.shape == m.shape and scales.shape == (3,)
+    for row in range(3):
+        one_codes, one_scale = int8_encode(m[row])
+        np.testing.assert_array_equal(codes[row], one_codes)
+        assert scales[row] == one_scale
+    np.testing.assert_allclose(int8_decode(codes, scales), m, atol=float(scales.max()) / 2 + 1e-7)
