@@ -167,6 +167,14 @@ class WorkerSettings(BaseModel):
     max_candidates: int = Field(default=50, ge=1, description="Rerank: most candidates per request (more: refused or cut)")
     max_pairs_per_pass: int = Field(default=512, ge=1, description="Rerank: pairs of queued requests scored in one pass")
 
+    @field_validator("sink_backoff_s")
+    @classmethod
+    def _backoff(cls, value: tuple[float, float]) -> tuple[float, float]:
+        first, longest = value
+        if not 0 < first <= longest:
+            raise ValueError("must be [first, longest] with 0 < first <= longest seconds")
+        return value
+
 
 class QdrantSettings(BaseModel):
     """Where vectors go: a server URL, ':memory:', or (no URL) the embedded default."""

@@ -62,8 +62,10 @@ def test_defaults_match_the_measured_behaviour(monkeypatch, tmp_path):
     assert options.warm_up_tokens == 64 and options.skip_unchanged and options.lanes == ("online", "bulk")
 
 
-def test_a_negative_knob_is_refused(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name, value", [("BULK_SLICE_TOKENS", "0"), ("ONLINE_QUIET_S", "-1"),
+                                         ("SINK_BACKOFF_S", "[5, 1]"), ("SINK_BACKOFF_S", "[0, 1]")])
+def test_an_impossible_knob_is_refused(monkeypatch, tmp_path, name, value):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EMBEDSTREAM_WORKER__BULK_SLICE_TOKENS", "0")
-    with pytest.raises(ValueError, match="bulk_slice_tokens"):
+    monkeypatch.setenv(f"EMBEDSTREAM_WORKER__{name}", value)
+    with pytest.raises(ValueError, match=name.lower()):
         Settings()
