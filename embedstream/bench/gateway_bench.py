@@ -25,7 +25,7 @@ import typer
 
 from embedstream import logs
 from embedstream.bench.corpus import stdlib_paragraphs
-from embedstream.config import Settings
+from embedstream.config import KafkaSettings, Settings
 from embedstream.producers.query_client import QueryClient
 
 
@@ -143,11 +143,12 @@ def run(port: int = 9092, requests: int = 300, concurrency: tuple[int, ...] = (1
 
     info = devkafka.start(port=port)
     prefix = f"benchgw-{uuid.uuid4().hex[:6]}"
-    settings = Settings()
+    # Topics of this run only; the online worker needs its chunk topic too (it subscribes to it).
+    topics = {"chunks_online": "chunks.online", "chunks_bulk": "chunks.bulk", "queries": "queries",
+              "replies": "replies", "dead_letters": "dlq"}
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=info.bootstrap,
+                                            **{f"topic_{key}": f"{prefix}.{name}" for key, name in topics.items()}))
     k = settings.kafka
-    k.bootstrap_servers = info.bootstrap
-    k.topic_chunks_online, k.topic_chunks_bulk = f"{prefix}.chunks.online", f"{prefix}.chunks.bulk"
-    k.topic_queries, k.topic_replies, k.topic_dead_letters = f"{prefix}.queries", f"{prefix}.replies", f"{prefix}.dlq"
     ensure_topics(k, partitions=4)
     log_dir = tempfile.mkdtemp(prefix="embedstream-bench-gateway-")
     env = _env(settings, prefix, os.path.join(log_dir, "store"), "bench-gateway", 1)
