@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
@@ -161,8 +162,6 @@ def failure_kind(exc: BaseException) -> str:
     non-retriable Kafka error such as a record too large): dead-letter the record with the
     reason. unknown: retried like a transient error, but only up to ``record_retry_limit_s``.
     """
-    from kafka.errors import KafkaError
-
     seen = 0
     while exc is not None and seen < 5:  # wrappers (PublishError) carry the client's error as the cause
         if isinstance(exc, KafkaError):
