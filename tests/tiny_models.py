@@ -43,19 +43,21 @@ def _write_st_files(folder: Path, dim: int, pooling: str, max_seq_length: int, n
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}))
 
 
+# A 2-layer, 32-wide encoder over MiniLM's WordPiece vocabulary (BERT and RoBERTa test models).
+TINY_ENCODER = dict(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=128,
+)
+
+
 def tiny_bert_config(**overrides):
     from transformers import BertConfig
 
-    cfg = dict(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    cfg.update(overrides)
-    return BertConfig(**cfg)
+    return BertConfig(**{**TINY_ENCODER, **overrides})
 
 
 def build_tiny_bert(folder: Path, pooling: str = "cls", seed: int = 0) -> Path:
@@ -160,8 +162,8 @@ def build_tiny_roberta_cross_encoder(folder: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    config = RobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=130, pad_token_id=0, type_vocab_size=2,
+    # positions start after the padding index (0 here), so 128 tokens need 130 position embeddings
+    config = RobertaConfig(**{**TINY_ENCODER, "max_position_embeddings": 130}, pad_token_id=0, type_vocab_size=2,
                            num_labels=1)
     RobertaForSequenceClassification(config).eval().save_pretrained(folder)
     BertTokenizerFast(vocab_file=str(MINILM / "vocab.txt"), model_max_length=128).save_pretrained(folder)
