@@ -131,12 +131,12 @@ def build_tiny_qwen3(folder: Path, seed: int = 0) -> Path:
 
 
 def build_tiny_st_pipeline(
-    folder: Path, dense: list[tuple[int, bool, str]], pooling: str = "mean", include_prompt: bool = True,
+    folder: Path, dense: list[tuple], pooling: str = "mean", include_prompt: bool = True,
     normalize: bool = True, seed: int = 0,
 ) -> Path:
     """A tiny BERT with a sentence-transformers module pipeline saved by ``SentenceTransformer.save``:
-    Transformer -> Pooling -> one Dense per ``(out_features, bias, activation class name in torch.nn)``
-    -> Normalize. LaBSE and distiluse ship Dense layers like these."""
+    Transformer -> Pooling -> one Dense per ``(out_features, bias, activation class name in torch.nn[,
+    use_residual])`` -> Normalize. LaBSE and distiluse ship Dense layers like these."""
     from sentence_transformers import SentenceTransformer, models
 
     encoder = build_tiny_bert(folder.parent / f"{folder.name}-encoder", pooling=pooling, seed=seed)
@@ -144,8 +144,9 @@ def build_tiny_st_pipeline(
     modules = [models.Transformer(str(encoder)), models.Pooling(32, pooling_mode=pooling.replace("_", ""),
                                                                 include_prompt=include_prompt)]
     size = 32
-    for out_features, bias, activation in dense:
-        layer = models.Dense(size, out_features, bias=bias, activation_function=getattr(torch.nn, activation)())
+    for out_features, bias, activation, *residual in dense:
+        layer = models.Dense(size, out_features, bias=bias, activation_function=getattr(torch.nn, activation)(),
+                             use_residual=bool(residual and residual[0]))
         torch.nn.init.normal_(layer.linear.weight, std=size**-0.5)  # larger than the default: outputs differ visibly
         modules.append(layer)
         size = out_features

@@ -51,6 +51,14 @@ def test_default_tanh_dense_without_normalize_matches_unnormalised(model_dir):
     np.testing.assert_allclose(ours, _reference(folder), atol=1e-4)  # raw values, not only their direction
 
 
+def test_residual_dense_layers_match_sentence_transformers(model_dir):
+    folder = tiny_models.build_tiny_st_pipeline(model_dir / "st-residual", [(32, True, "Tanh", True),
+                                                                           (20, True, "ReLU", True)])
+    engine = make_engine(folder)
+    assert [d.residual for d in engine.spec.dense] == [True, True] and engine.dimensions == 20
+    assert _min_cos(_vectors(engine, TEXTS, truncate=True), _reference(folder)) >= 0.9999
+
+
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 def test_include_prompt_false_leaves_the_prompt_out_like_sentence_transformers(model_dir, pooling):
     folder = tiny_models.build_tiny_st_pipeline(model_dir / f"st-noprompt-{pooling}", [], pooling=pooling,
