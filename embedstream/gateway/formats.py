@@ -2,8 +2,8 @@
 
 Quantized forms go through the engine's own quantizers (``postprocess.quantize``), so an int8 or
 binary vector from the gateway is bit for bit what the engine would produce for the same float
-vector; uint8 is int8 shifted by 128 (as the Qdrant sink stores it), Cohere's signed ``binary`` is
-the packed sign bits minus 128 (``ubinary`` unshifted).
+vector; uint8 is int8 shifted by 128 (``embedstream.vectors.uint8_encode``, as the stores keep it),
+Cohere's signed ``binary`` is the packed sign bits minus 128 (``ubinary`` unshifted).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import base64
 import numpy as np
 
 from embedstream.engine.postprocess import quantize
+from embedstream.vectors import uint8_encode
 
 
 def float_base64(vector: np.ndarray) -> str:
@@ -37,7 +38,7 @@ def encode_as(vectors: np.ndarray, kind: str) -> np.ndarray | list[str]:
     if kind == "int8":
         return np.stack([int8(v) for v in vectors])
     if kind == "uint8":
-        return np.stack([int8(v).astype(np.int16) + 128 for v in vectors])
+        return np.stack([uint8_encode(v)[0] for v in vectors]).astype(np.uint8)
     if kind == "ubinary":
         return np.stack([ubinary(v) for v in vectors])
     if kind == "binary":
