@@ -111,6 +111,28 @@ def test_openai_sdk_default_base64_and_float_match_the_engine(stack, minilm_engi
     assert _cos(by_ids.data[0].embedding, expected[1]) >= 0.9999
 
 
+def test_openai_dimensions_on_a_matryoshka_model(kafka_bootstrap, minilm_engine):
+    """A model registered with matryoshka_dims: the listed size is served (cut and renormalised), others refused."""
+    from openai import OpenAI, UnprocessableEntityError
+
+    settings = isolated_settings(kafka_bootstrap, "gwmrl")
+    folder = str(minilm_engine.spec.path)
+    settings.models["minilm-mrl"] = ModelConfig(path=folder, matryoshka_dims=[128])
+    ensure_topics(settings.kafka, partitions=1)
+    engine = make_engine(minilm_engine.spec.path, name="minilm-mrl", matryoshka_dims=[128])
+    results, _ = engine.embed([EmbedRequest(i, t, dimensions=128) for i, t in enumerate(TEXTS)])
+    expected = np.stack([r.vector.values for r in results])
+    with RunningWorker(settings, engine, memory_store(), lanes=("online",)), \
+            BackgroundGateway(settings, GatewayOptions(model="minilm-mrl")) as gateway:
+        client = OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        response = client.embeddings.create(model="minilm-mrl", input=TEXTS, dimensions=128)
+        got = np.array([d.embedding for d in response.data])
+        assert got.shape == (len(TEXTS), 128) and _cos(got, expected).min() >= 0.9999
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        with pytest.raises(UnprocessableEntityError, match="not a trained Matryoshka size"):
+            client.embeddings.create(model="minilm-mrl", input=TEXTS[0], dimensions=100)
+
+
 def test_tei_embed_and_rerank_shapes_over_httpx(stack, minilm_engine, ce_engine):
     expected, _ = _engine_vectors(minilm_engine, TEXTS, prompt="query")
     with httpx.Client(base_url=stack.url, timeout=30) as http:
