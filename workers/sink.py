@@ -17,6 +17,7 @@ from embedstream.engine.model_spec import ModelSpec
 from embedstream.schemas import ChunkEvent, DocumentDelete
 from embedstream.vectors import FULL, is_layout_key, mrl_name, named_vectors, point_id
 from embedstream.vectorstore.base import Point, VectorSpec, VectorStore
+from embedstream.workers.trust import content_hash
 
 __all__ = ["EmbeddedChunk", "QdrantSink", "SinkConfig", "collection_vectors", "point_id"]
 
@@ -95,7 +96,7 @@ class QdrantSink:
         vectors, scales = named_vectors(item.vector, self.config.matryoshka_dims, self.config.datatype)
         payload = {**ev.metadata, **scales}
         payload.update(
-            doc_id=ev.doc_id, chunk_id=ev.chunk_id, content_hash=ev.content_hash, text=ev.text,
+            doc_id=ev.doc_id, chunk_id=ev.chunk_id, content_hash=content_hash(ev.text), text=ev.text,
             model=self.spec.name, source=item.source,
         )
         return Point(point_id(ev.doc_id, ev.chunk_id), vectors, payload)
@@ -124,7 +125,9 @@ class QdrantSink:
             current = {pid: _stored_fingerprint(payload) for pid, payload in self.store.get_payloads(collection, ids).items()}
             for i, pid in zip(indexes, ids):
                 ev = events[i]
-                wanted = (ev.content_hash, self.spec.name, _user_metadata(ev.metadata))
+                # The hash is the worker's own, from the text: a producer's content_hash is a hint at
+                # most (new text under an old hash must not be skipped as unchanged).
+                wanted = (content_hash(ev.text), self.spec.name, _user_metadata(ev.metadata))
                 if current.get(pid) == wanted:
                     out[i] = True
                 else:

@@ -79,3 +79,22 @@ def test_only_a_contiguous_finished_prefix_is_committable():
     assert tracker.outstanding() == 1
     tracker.forget({("t", 0)})
     assert tracker.outstanding() == 0
+
+
+def test_the_sink_hashes_the_text_itself_and_ignores_the_producers_hash(minilm_engine):
+    """New text under the old content_hash (a stale or lying producer) is not skipped as unchanged."""
+    import hashlib
+
+    store = open_store(":memory:", None, None)
+    sink = QdrantSink(store, minilm_engine.spec, 384, "docs", SinkConfig())
+    old = ChunkEvent(doc_id="d", chunk_id=0, text="the old text", metadata={})
+    sink.upsert([EmbeddedChunk(old, _unit(384, 0), {"topic": "t", "partition": 0, "offset": 0})])
+    stored = next(iter(store.scroll("docs"))).payload["content_hash"]
+    assert stored == hashlib.sha256(b"the old text").hexdigest()
+
+    lying = ChunkEvent(doc_id="d", chunk_id=0, text="brand new text", content_hash=stored, metadata={})
+    assert sink.unchanged([lying]) == [False]
+    assert sink.to_point(EmbeddedChunk(lying, _unit(384, 1), {})).payload["content_hash"] == \
+        hashlib.sha256(b"brand new text").hexdigest()
+    same = ChunkEvent(doc_id="d", chunk_id=0, text="the old text", content_hash="0" * 64, metadata={})
+    assert sink.unchanged([same]) == [True]
