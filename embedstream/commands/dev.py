@@ -1,8 +1,9 @@
-"""`embedstream dev kafka start|stop|status`: the local single-node broker for development and tests."""
+"""`embedstream dev kafka start|restart|stop|status`: the local single-node broker for development and tests."""
 
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import typer
 
@@ -12,14 +13,31 @@ app = typer.Typer(no_args_is_help=True, help="Local development services.")
 kafka_app = typer.Typer(no_args_is_help=True, help="The local single-node Apache Kafka broker (KRaft).")
 app.add_typer(kafka_app, name="kafka")
 
+Secure = Annotated[bool, typer.Option(
+    "--secure", help="SASL_SSL (SCRAM-SHA-512) with TLS from the data dir's own CA and ACLs enforced; "
+                     "the admin's EMBEDSTREAM_KAFKA__* settings go to DATA_DIR/security/admin.env")]
+
+
+def _started(info) -> None:
+    typer.echo(f"kafka {info.version} answering on {info.bootstrap} (pid {info.pid}, data {info.data_dir})")
+    if info.admin_env is not None:
+        typer.echo(f"SASL_SSL: clients trust {info.ca_file}; admin settings in {info.admin_env}")
+
 
 @kafka_app.command("start")
-def kafka_start(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -> None:
+def kafka_start(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None, secure: Secure = False) -> None:
     """Resolve the broker jars (once), format KRaft storage (once) and start; returns when it answers."""
     from embedstream import devkafka
 
-    info = devkafka.start(port=port, data_dir=data_dir)
-    typer.echo(f"kafka broker answering on {info.bootstrap}")
+    _started(devkafka.start(port=port, data_dir=data_dir, security="sasl_ssl" if secure else "plaintext"))
+
+
+@kafka_app.command("restart")
+def kafka_restart(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None, secure: Secure = False) -> None:
+    """Stop and start again with the same data (topics and committed offsets kept)."""
+    from embedstream import devkafka
+
+    _started(devkafka.restart(port=port, data_dir=data_dir, security="sasl_ssl" if secure else "plaintext"))
 
 
 @kafka_app.command("stop")

@@ -21,7 +21,7 @@ GROUPS = {
     ("worker",): {"embed", "rerank", "cdc"},
     ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway"},
     ("dev",): {"kafka"},
-    ("dev", "kafka"): {"start", "stop", "status"},
+    ("dev", "kafka"): {"start", "restart", "stop", "status"},
     ("schemas",): {"export"},
 }
 
