@@ -15,7 +15,7 @@ import structlog
 _SECRET_KEYS = ("password", "api_key", "apikey", "secret", "credential", "auth_token", "access_token")
 
 #: Libraries whose INFO lines are per-connection chatter (kafka-python logs every broker connect,
-#: metadata refresh and version probe): shown from WARNING unless the configured level is lower.
+#: metadata refresh and version probe): shown from WARNING, unless the configured level is DEBUG.
 _CHATTY_LIBRARIES = ("kafka", "httpx", "httpcore")
 
 #: Extras libraries attach for their own formatters (uvicorn's ANSI-coloured copy of the message).
@@ -101,8 +101,9 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
     root.addHandler(handler)
     root.setLevel(threshold)
     _handler = handler
+    chatty = threshold if threshold <= logging.DEBUG else max(threshold, logging.WARNING)
     for name in _CHATTY_LIBRARIES:
-        logging.getLogger(name).setLevel(max(threshold, logging.WARNING))
+        logging.getLogger(name).setLevel(chatty)
 
 
 def get(name: str):

@@ -82,3 +82,13 @@ def test_our_loggers_name_themselves_like_library_records(capsys):
     logs.get("embedstream.publisher").warning("flush slow", topic="t")
     line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert line["logger"] == "embedstream.publisher" and line["topic"] == "t" and line["level"] == "warning"
+
+
+def test_library_chatter_shows_at_debug_level(capsys):
+    logs.configure(json=True, level="DEBUG")
+    try:
+        logging.getLogger("kafka.conn").debug("connecting to %s", "127.0.0.1:1")
+        line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+        assert line["event"] == "connecting to 127.0.0.1:1" and line["level"] == "debug"
+    finally:
+        logs.configure(json=True)
