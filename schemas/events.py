@@ -184,6 +184,10 @@ class QueryRequest(WireModel):
     dimensions: bounded_int(1, MAX_DIMENSIONS) | None = Field(default=None, description="Matryoshka truncation; None = full size")
     dtype: Dtype = "float32"
     prompt: PromptKind | None = Field(default="query", description="Which model prompt to prepend, if any")
+    normalize: bool | None = Field(default=None, description="L2-normalise the vector; None = as the model was trained")
+    truncate: bool | None = Field(
+        default=None, description="Cut a text over the model's token limit instead of refusing it; None = the model's setting"
+    )
     reply_to: TopicName = Field(description="Topic the reply is produced to")
     deadline_ms: EpochMs | None = Field(default=None, description="Epoch ms after which workers may drop the request")
     sent_at_ms: EpochMs | None = None

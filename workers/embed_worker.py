@@ -135,7 +135,8 @@ class EmbedWorker(WorkerLoop):
     @staticmethod
     def _request(event) -> EmbedRequest:
         if isinstance(event, QueryRequest):
-            return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, prompt=event.prompt)
+            return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, normalize=event.normalize,
+                                truncate=event.truncate, prompt=event.prompt)
         return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document")
 
     def _reject(self, lane: Lane, record, handle, event, err: EngineError) -> None:

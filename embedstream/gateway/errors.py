@@ -18,14 +18,14 @@ Dialect = Literal["openai", "tei", "cohere"]
 _STATUS_BY_CODE: dict[str, int] = {
     "too_long": 413, "text_too_large": 413, "record_too_large": 413, "too_many_candidates": 413,
     "too_many_inputs": 413, "body_too_large": 413,
-    "unknown_model": 404, "unknown_collection": 404,
+    "unknown_model": 404, "unknown_collection": 404, "collection_not_allowed": 403,
     "deadline_exceeded": 504, "embed_timeout": 504,
     "not_a_string": 422, "empty_text": 422, "empty_query": 422, "no_candidates": 422, "bad_dimensions": 422,
     "bad_dtype": 422, "invalid_event": 422, "unknown_schema_version": 422, "malformed_json": 422,
 }
 
 # TEI's error_type vocabulary, by status
-_TEI_TYPE = {400: "validation", 404: "validation", 413: "validation", 422: "validation", 424: "backend",
+_TEI_TYPE = {400: "validation", 403: "validation", 404: "validation", 413: "validation", 422: "validation", 424: "backend",
              429: "overloaded", 503: "unhealthy", 504: "backend"}
 # OpenAI's error "type", by status
 _OPENAI_TYPE = {429: "rate_limit_error", 424: "api_error", 503: "api_error", 504: "timeout"}

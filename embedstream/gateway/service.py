@@ -113,14 +113,6 @@ class Gateway:
             postprocess.check_dimensions(ask.dimensions, self.spec.matryoshka_dims, self.dimensions, self.spec.name)
         except EngineError as err:
             raise ApiError(422, err.code, err.message, param="dimensions") from None
-        if ask.truncate is not None and ask.truncate != self.spec.truncate:
-            # QueryRequest carries no truncate flag: the embed worker applies the model's setting.
-            raise ApiError(422, "truncate_unsupported", f"model {self.spec.name!r} is served with truncate="
-                           f"{str(self.spec.truncate).lower()} on the online lane; chunk longer texts "
-                           f"(limit {self.spec.max_tokens} tokens)", param="truncate")
-        if ask.normalize is False and self.spec.normalize:
-            raise ApiError(422, "normalize_unsupported", f"model {self.spec.name!r} returns normalised vectors; "
-                           "unnormalised ones are not served", param="normalize")
 
     def decode_token_ids(self, ids: list[list[int]]) -> list[str]:
         """Token ids of the served model's own tokenizer back to text (vLLM's meaning of token-id input)."""
@@ -155,7 +147,8 @@ class Gateway:
         sent = now_ms()
         expires = sent + int(max(0.0, deadline - time.monotonic()) * 1000)
         requests = [QueryRequest(request_id=uuid.uuid4().hex, text=text, model=self.spec.name, dimensions=ask.dimensions,
-                                 prompt=ask.prompt, reply_to=lanes.reply_topic, deadline_ms=expires, sent_at_ms=sent)
+                                 prompt=ask.prompt, normalize=ask.normalize, truncate=ask.truncate,
+                                 reply_to=lanes.reply_topic, deadline_ms=expires, sent_at_ms=sent)
                     for text in ask.texts]
         replies = await lanes.call("embed", self.settings.kafka.topic_queries, requests, QueryReply, deadline)
         for i, reply in enumerate(replies):
@@ -163,8 +156,6 @@ class Gateway:
                 err = ApiError.from_worker(reply.error)
                 raise ApiError(err.status, err.code, f"{what}[{i}]: {err.message}", param=what)
         vectors = np.asarray([r.embedding for r in replies], dtype=np.float32)
-        if ask.normalize and not self.spec.normalize:
-            vectors = postprocess.l2_normalize(vectors)
         return Embedded(vectors, [r.tokens or 0 for r in replies], slowest([r.timings_ms for r in replies]))
 
     async def rerank(self, query: str, documents: list[str], top_n: int | None, deadline: float) -> RerankReply:

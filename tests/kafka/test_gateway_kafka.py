@@ -189,8 +189,10 @@ def test_search_returns_hits_payloads_and_stage_times(stack):
         assert all(h["payload"]["half"] == 1 and h["text"] and h["rerank_score"] is not None for h in body["hits"])
         for name in ("x-embed-time", "x-search-time", "x-rerank-time", "x-worker-time", "x-total-time"):
             assert float(r.headers[name]) >= 0, name
-        r = http.post("/search", json={"query": "files", "collection": "nope"})
+        r = http.post("/search", json={"query": "files", "collection": "docs_v9"})  # allowed, does not exist
         assert r.status_code == 404 and r.json()["code"] == "unknown_collection"
+        r = http.post("/search", json={"query": "files", "collection": "nope"})  # not on the trust allow-list
+        assert r.status_code == 403 and r.json()["code"] == "collection_not_allowed"
 
 
 BAD = [
@@ -200,7 +202,7 @@ BAD = [
     ("/v1/embeddings", {"input": " ".join(["word"] * 600)}, 413),  # over 256 tokens, no truncation: the worker says too_long
     ("/v1/embeddings", {"input": "x", "dimensions": 64}, 422),
     ("/v1/embeddings", {"input": "x", "model": "text-embedding-3-large"}, 404),
-    ("/embed", {"inputs": "x", "truncate": True}, 422),
+    ("/embed", {"inputs": "x", "truncate": True, "truncation_direction": "Left"}, 422),
     ("/v2/embed", {"texts": ["x"], "embedding_types": ["float"], "truncate": "START"}, 422),
 ]
 
@@ -280,3 +282,22 @@ def _lag(http: httpx.Client) -> float:
         if line.startswith('embedstream_gateway_lane_lag{lane="embed"}'):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_tei_truncate_and_normalize_travel_to_the_worker(stack, minilm_engine):
+    """TEI's ``truncate`` and ``normalize`` ride on the QueryRequest: the worker cuts an over-long text and
+    returns the unnormalised vector, as the engine does for the same flags."""
+    long_text = " ".join(["streaming"] * 600)  # over MiniLM's 256 tokens
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        refused = http.post("/embed", json={"inputs": long_text})
+        assert refused.status_code == 413, refused.text
+        cut = http.post("/embed", json={"inputs": long_text, "truncate": True})
+        assert cut.status_code == 200, cut.text
+        raw = http.post("/embed", json={"inputs": TEXTS[0], "normalize": False})
+        assert raw.status_code == 200, raw.text
+    results, _ = minilm_engine.embed([EmbedRequest(0, long_text, truncate=True, prompt="query"),
+                                      EmbedRequest(1, TEXTS[0], normalize=False, prompt="query")])
+    assert results[0].truncated and _cos(cut.json()[0], results[0].vector.values) >= 0.9999
+    unnormalised = np.asarray(raw.json()[0])
+    assert abs(float(np.linalg.norm(unnormalised)) - 1.0) > 1e-3
+    np.testing.assert_allclose(unnormalised, np.asarray(results[1].vector.values), rtol=1e-4, atol=1e-5)

@@ -112,12 +112,10 @@ def test_malformed_json_and_huge_bodies(client):
 
 
 def test_tei_and_cohere_shapes_refuse_in_their_dialects(client):
-    r = client.post("/embed", json={"inputs": ["a"], "truncate": True})
+    r = client.post("/embed", json={"inputs": ["a"], "truncate": True, "truncation_direction": "Left"})
     assert r.status_code == 422 and r.json()["error_type"] == "validation" and r.json()["code"] == "truncate_unsupported"
     r = client.post("/embed", json={"inputs": ["a"], "prompt_name": "poem"})
     assert r.status_code == 422 and "prompt_name" in r.json()["error"]
-    r = client.post("/embed", json={"inputs": ["a"], "normalize": False})
-    assert r.status_code == 422 and r.json()["code"] == "normalize_unsupported"
     r = client.post("/v2/embed", json={"texts": ["a"], "embedding_types": ["int4"]})
     assert r.status_code == 422 and "message" in r.json()
     r = client.post("/v2/embed", json={"texts": ["a"], "output_dimension": 64})
