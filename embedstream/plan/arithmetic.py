@@ -16,7 +16,9 @@ from embedstream.plan.inputs import (
     STAGES,
     BenchThroughput,
     PlanError,
+    check_flags,
     checked_number,
+    flag,
     load_bench,
     missing_throughput,
     parse_mrl,
@@ -47,19 +49,15 @@ def ceil_devices(demand: float, capacity: float) -> int:
 
 @dataclass(frozen=True)
 class IndexingInputs:
-    chunks: int
-    tokens_per_chunk: float
-    tokens_per_s: float  # per device
-    devices: int = 1
-    price_per_device_hour: float = 2.0
+    chunks: int = flag("--chunks", whole=True)
+    tokens_per_chunk: float = flag("--tokens")
+    tokens_per_s: float = flag("--tokens-per-s")  # per device
+    devices: int = flag("--devices", 1, whole=True)
+    price_per_device_hour: float = flag("--price-per-device-hour", 2.0, zero_ok=True)
     throughput_source: str = "--tokens-per-s"
 
     def __post_init__(self) -> None:
-        checked_number(self.chunks, "--chunks", integer=True)
-        checked_number(self.tokens_per_chunk, "--tokens")
-        checked_number(self.tokens_per_s, "--tokens-per-s")
-        checked_number(self.devices, "--devices", integer=True)
-        checked_number(self.price_per_device_hour, "--price-per-device-hour", allow_zero=True)
+        check_flags(self)
 
 
 @dataclass(frozen=True)
@@ -94,26 +92,19 @@ def plan_indexing(inputs: IndexingInputs) -> IndexingPlan:
 
 @dataclass(frozen=True)
 class ServingInputs:
-    qps: float
-    candidates: int = 50
-    pairs_per_s: Optional[float] = None  # per device, measured
-    texts_per_s: Optional[float] = None  # per device, measured
-    headroom: float = 0.7
-    price_per_device_hour: float = 2.0
+    qps: float = flag("--qps")
+    candidates: int = flag("--candidates", 50, whole=True)
+    pairs_per_s: Optional[float] = flag("--pairs-per-s", None)  # per device, measured
+    texts_per_s: Optional[float] = flag("--texts-per-s", None)  # per device, measured
+    headroom: float = flag("--headroom", 0.7)
+    price_per_device_hour: float = flag("--price-per-device-hour", 2.0, zero_ok=True)
     pairs_source: Optional[str] = None
     texts_source: Optional[str] = None
 
     def __post_init__(self) -> None:
-        checked_number(self.qps, "--qps")
-        checked_number(self.candidates, "--candidates", integer=True)
-        if self.pairs_per_s is not None:
-            checked_number(self.pairs_per_s, "--pairs-per-s")
-        if self.texts_per_s is not None:
-            checked_number(self.texts_per_s, "--texts-per-s")
-        checked_number(self.headroom, "--headroom")
+        check_flags(self)
         if self.headroom > 1:
             raise PlanError(f"--headroom is the usable fraction of measured throughput, in (0, 1]; got {self.headroom!r}")
-        checked_number(self.price_per_device_hour, "--price-per-device-hour", allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -194,13 +185,12 @@ def vector_bytes(dims: int, dtype: str) -> float:
 
 @dataclass(frozen=True)
 class StorageInputs:
-    vectors: int
-    dims: int
+    vectors: int = flag("--vectors", whole=True)
+    dims: int = flag("--dims", whole=True)
     mrl: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        checked_number(self.vectors, "--vectors", integer=True)
-        checked_number(self.dims, "--dims", integer=True)
+        check_flags(self)
         for size in self.mrl:
             checked_number(size, "--mrl", integer=True)
             if size > self.dims:
@@ -245,18 +235,17 @@ def plan_storage(inputs: StorageInputs) -> StoragePlan:
 @dataclass(frozen=True)
 class StageInputs:
     ms: dict[str, float] = field(default_factory=dict)  # from --stage-ms
-    price_per_device_hour: float = 2.0
-    candidates: int = 50
+    price_per_device_hour: float = flag("--price-per-device-hour", 2.0, zero_ok=True)
+    candidates: int = flag("--candidates", 50, whole=True)
     texts_per_s: Optional[float] = None  # measured; gives the embed default
     pairs_per_s: Optional[float] = None  # measured; gives the rerank default
 
     def __post_init__(self) -> None:
+        check_flags(self)
         for name, ms in self.ms.items():
             if name not in STAGES:
                 raise PlanError(f"--stage-ms: unknown stage {name!r} (known: {', '.join(STAGES)})")
             checked_number(ms, f"--stage-ms {name}", allow_zero=True)
-        checked_number(self.price_per_device_hour, "--price-per-device-hour", allow_zero=True)
-        checked_number(self.candidates, "--candidates", integer=True)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from embedstream.errors import CodedError
 
@@ -41,6 +41,23 @@ def checked_number(value, flag: str, *, integer: bool = False, allow_zero: bool 
     if value < 0 or (value == 0 and not allow_zero):
         raise PlanError(f"{flag} must be {'>= 0' if allow_zero else 'a positive number'}, got {value!r}")
     return value
+
+
+def flag(name: str, default: Any = MISSING, *, whole: bool = False, zero_ok: bool = False) -> Any:
+    """A dataclass field holding the number given as command-line ``name``; see :func:`check_flags`."""
+    meta = {"flag": name, "whole": whole, "zero_ok": zero_ok}
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
+
+
+def check_flags(inputs: Any) -> None:
+    """Every :func:`flag` field of a dataclass is a finite number > 0 (>= 0 where ``zero_ok``), or None where
+    None is its default (not given); a PlanError names the flag. Called from ``__post_init__``, so an
+    invalid input never exists."""
+    for f in fields(inputs):
+        value = getattr(inputs, f.name)
+        if "flag" not in f.metadata or (value is None and f.default is None):
+            continue
+        checked_number(value, f.metadata["flag"], integer=f.metadata["whole"], allow_zero=f.metadata["zero_ok"])
 
 
 @dataclass(frozen=True)

@@ -377,3 +377,11 @@ def test_cli_rejects_non_numbers_and_lists_options_in_help(app):
                  "--candidates", "--pairs-per-s", "--texts-per-s", "--headroom", "--vectors", "--dims",
                  "--mrl", "--from-bench", "--stage-ms"):
         assert flag in help_text
+
+
+def test_a_required_number_left_out_is_refused_and_an_optional_one_may_be():
+    with pytest.raises(PlanError, match="--tokens-per-s must be a number, got None"):
+        IndexingInputs(1000, 256, None)
+    assert ServingInputs(10, pairs_per_s=None).pairs_per_s is None
+    with pytest.raises(PlanError, match="--pairs-per-s must be a positive number"):
+        ServingInputs(10, pairs_per_s=0)
