@@ -6,12 +6,14 @@ Nested fields use a double underscore, e.g. ``EMBEDSTREAM_ENGINE__MAX_BATCH_TOKE
 
 from __future__ import annotations
 
+import socket
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from embedstream.kafka_auth import MaskedSecret
+from embedstream.workers.trust import TrustSettings
 
 Pooling = Literal["cls", "mean", "last_token"]
 ModelKind = Literal["embed", "rerank"]
@@ -112,6 +114,15 @@ class KafkaSettings(BaseModel):
         default=1000,
         description="Longest wait between reconnect attempts (kafka-python's own default, 30 s, idles clients that long after a broker restart)",
     )
+    static_membership: bool = Field(
+        default=False,
+        description="Join consumer groups as a static member (KIP-345): a restarted worker gets its partitions back "
+        "without a rebalance, if it returns within the session timeout. Id: group_instance_id, else the host name",
+    )
+    group_instance_id: str | None = Field(
+        default=None, max_length=200,
+        description="Static member id (implies static_membership); unique per worker process in a group",
+    )
 
     def client_kwargs(self) -> dict:
         """kafka-python connection kwargs shared by producers, consumers and admin clients."""
@@ -125,6 +136,12 @@ class KafkaSettings(BaseModel):
             if getattr(self, key):
                 kwargs[key] = getattr(self, key)
         return kwargs
+
+    def instance_id(self) -> str | None:
+        """The static member id of this process, or None (dynamic membership)."""
+        if self.group_instance_id:
+            return self.group_instance_id
+        return socket.gethostname() if self.static_membership else None
 
 
 class WorkerSettings(BaseModel):
@@ -166,6 +183,21 @@ class WorkerSettings(BaseModel):
     )
     max_candidates: int = Field(default=50, ge=1, description="Rerank: most candidates per request (more: refused or cut)")
     max_pairs_per_pass: int = Field(default=512, ge=1, description="Rerank: pairs of queued requests scored in one pass")
+    health_host: str = Field(
+        default="127.0.0.1",
+        description="Address of /healthz, /readyz and /metrics (containers: 0.0.0.0, so the orchestrator can probe)",
+    )
+    stall_timeout_s: float = Field(
+        default=120.0, gt=0,
+        description="/healthz turns 503 when the loop took no step this long, or records wait while nothing was taken",
+    )
+    join_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="A lane subscribed this long without partitions while its topics exist gets a new consumer",
+    )
+    access_check_timeout_s: float = Field(
+        default=10.0, gt=0, description="Start-up: the bounded login and topic check before any consumer is built"
+    )
 
     @field_validator("sink_backoff_s")
     @classmethod
@@ -192,6 +224,22 @@ class QdrantSettings(BaseModel):
     matryoshka_dims: list[int] = Field(
         default_factory=list, description="Extra named vectors mrl_<d> (only sizes the model was trained for)"
     )
+    shard_number: int | None = Field(
+        default=None, ge=1, description="Cluster: shards of a collection the workers create (None: the server's default)"
+    )
+    replication_factor: int | None = Field(
+        default=None, ge=1, description="Cluster: copies of each shard (None: the server's default, 1)"
+    )
+    write_consistency_factor: int | None = Field(
+        default=None, ge=1,
+        description="Cluster: replicas that must acknowledge a write before it counts (at most replication_factor)",
+    )
+
+    def cluster_options(self) -> dict:
+        """What a collection the workers create is given on a Qdrant cluster (only the configured values)."""
+        options = {"shard_number": self.shard_number, "replication_factor": self.replication_factor,
+                   "write_consistency_factor": self.write_consistency_factor}
+        return {key: value for key, value in options.items() if value is not None}
 
 
 class Settings(BaseSettings):
@@ -207,4 +255,5 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    trust: TrustSettings = Field(default_factory=TrustSettings)
     log_json: bool | None = None

@@ -31,6 +31,7 @@ from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.scheduler import Scheduler
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink
+from embedstream.workers.trust import TrustError, TrustPolicy, admit
 
 log = logs.get("embedstream.worker")
 
@@ -77,6 +78,7 @@ class EmbedWorker(WorkerLoop):
         self.scheduler = Scheduler(engine.limits, self.options.bulk_slice_tokens, self.options.online_quiet_s)
         self.window = BatchingWindow(self.options.batch_window_ms)
         self.last_commit = 0.0
+        self.policy = TrustPolicy.from_settings(settings)
         kafka = settings.kafka
         topics = {"online": [kafka.topic_chunks_online, kafka.topic_queries], "bulk": [kafka.topic_chunks_bulk]}
         groups = {"online": kafka.group_online, "bulk": kafka.group_bulk}
@@ -102,7 +104,8 @@ class EmbedWorker(WorkerLoop):
                     event = decode(record.value, QueryRequest, self.kafka.max_record_bytes)
                 else:
                     event = decode(record.value, CHUNK_TOPIC_ADAPTER, self.kafka.max_record_bytes)
-            except DecodeError as err:
+                event = admit(event, self.policy)
+            except (DecodeError, TrustError) as err:  # a refused reply_to is never answered: dead letter
                 lane.dead_letter(record, err.to_error_info(), handle)
                 continue
             try:

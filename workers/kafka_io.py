@@ -18,8 +18,13 @@ log = logs.get("embedstream.worker")
 
 
 def new_producer(kafka: KafkaSettings) -> KafkaProducer:
-    """The producer of replies and dead letters: every send acknowledged by all in-sync replicas."""
-    return KafkaProducer(**kafka.client_kwargs(), acks="all", linger_ms=0, retries=5)
+    """The producer of replies and dead letters: every send acknowledged by all in-sync replicas.
+
+    Not idempotent: kafka-python 3.0.12's idempotent producer turns any non-retriable batch error
+    into a fatal state and fails every later send (found by a reply the broker refused as too large
+    for its topic: every reply and dead letter after it failed too). Replies and dead letters need
+    no ordering or exactly-once: a duplicate is harmless, a dead producer stops the worker."""
+    return KafkaProducer(**kafka.client_kwargs(), acks="all", linger_ms=0, retries=5, enable_idempotence=False)
 
 
 def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int, **extra) -> KafkaConsumer:

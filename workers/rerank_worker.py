@@ -36,6 +36,7 @@ from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.search import Retrieved, Searcher, SearchError
 from embedstream.workers.serve import run_until_signalled
+from embedstream.workers.trust import TrustError, TrustPolicy, admit
 
 __all__ = ["RerankOptions", "RerankWorker", "build_rerank_worker", "run_until_signalled"]
 
@@ -95,6 +96,7 @@ class RerankWorker(WorkerLoop):
         super().__init__(settings.kafka, self.options, metrics or WorkerMetrics(model=engine.spec.name),
                          self.options.worker_id)
         self.window = BatchingWindow(self.options.batch_window_ms)
+        self.policy = TrustPolicy.from_settings(settings)
         self.lane = self.add_lane(LANE_RERANK, [self.kafka.topic_rerank, self.kafka.topic_search], self.kafka.group_rerank,
                                   64, full=lambda queue: len(queue) >= self.options.max_queue_requests)
 
@@ -112,6 +114,14 @@ class RerankWorker(WorkerLoop):
                 self.lane.dead_letter(record, err.to_error_info(), handle, label)
                 continue
             item = _Item(label, record, handle, request, received=received)
+            try:
+                admit(request, self.policy)
+            except TrustError as err:  # a refused reply_to is never answered: dead letter
+                if err.may_reply:
+                    self._reject(item, err.code, err.message)
+                else:
+                    self.lane.dead_letter(record, err.to_error_info(), handle, label)
+                continue
             try:
                 item.candidates = self._check(request)
             except _Rejected as err:

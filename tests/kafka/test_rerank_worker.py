@@ -19,6 +19,7 @@ from worker_rig import Running
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
 from embedstream.workers.search import Searcher
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
+from embedstream.workers.trust import TrustSettings
 
 pytestmark = pytest.mark.kafka
 
@@ -97,6 +98,7 @@ def test_rerank_scores_match_cross_encoder_and_requests_share_a_pass(kafka_boots
 
 def test_error_replies_dead_letters_and_search_over_kafka(kafka_bootstrap, ce_engine, tiny_bert_dir):
     settings = isolated_settings(kafka_bootstrap, "rerankerr")
+    settings.trust = TrustSettings(collections=["nope"])  # producers may name it; it does not exist
     ensure_topics(settings.kafka, partitions=1)
     embedder = make_engine(tiny_bert_dir, name="tiny-bert")
     store = open_store(":memory:", None, None)
@@ -160,6 +162,8 @@ def test_error_replies_dead_letters_and_search_over_kafka(kafka_bootstrap, ce_en
         assert all(h.rerank_score is None for h in filtered.hits)
         missing = search(collection="nope")
         assert missing.error.code == "unknown_collection"
+        refused = search(collection="attacker-made-1")  # its reply_to passed: answered, not searched
+        assert refused.error.code == "collection_not_allowed" and not store.collection_exists("attacker-made-1")
         wait_for(lambda: worker.lane.offsets.outstanding() == 0, 30, "every record finished")
     # everything was finished, so the committed offsets reach the log end of both topics
     consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=settings.kafka.group_rerank, enable_auto_commit=False)

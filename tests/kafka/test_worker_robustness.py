@@ -27,6 +27,7 @@ from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.outbox import DEAD_LETTER_PREFIX_BYTES
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
 from embedstream.workers.serve import run_until_signalled
+from embedstream.workers.trust import TrustSettings
 
 pytestmark = pytest.mark.kafka
 
@@ -48,12 +49,23 @@ def _send(settings, topic: str, values: list[bytes], **producer_kwargs) -> None:
     producer.close()
 
 
+def _tiny_reply_topic(settings) -> str:
+    """A reply topic the trust policy allows (it starts with the replies topic) whose broker refuses every reply."""
+    topic = f"{settings.kafka.topic_replies}.tiny"
+    admin = KafkaAdminClient(**settings.kafka.client_kwargs())
+    admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": "100"})])
+    admin.close()
+    return topic
+
+
 def test_undeliverable_query_replies_are_dead_lettered_and_the_worker_goes_on(kafka_bootstrap, minilm_engine):
+    """Reply topics the trust policy refuses are never produced to (reply_to_not_allowed, or a decode error
+    for names no topic can have); an allowed one the broker refuses is dead-lettered as reply_failed."""
     settings = isolated_settings(kafka_bootstrap, "badreply")
     ensure_topics(settings.kafka, partitions=1)
     topic = settings.kafka.topic_queries
     bad = [_with_reply_to(QueryRequest(request_id=f"bad{i}", text="where is my reply?", reply_to="x"), name)
-           for i, name in enumerate(BAD_REPLY_TOPICS)]
+           for i, name in enumerate((*BAD_REPLY_TOPICS, _tiny_reply_topic(settings)))]
     running = RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",))
     with QueryClient(settings.kafka) as client, running as worker:
         wait_for(lambda: worker.ready.is_set(), 120, "worker ready")
@@ -65,10 +77,12 @@ def test_undeliverable_query_replies_are_dead_lettered_and_the_worker_goes_on(ka
         wait_for(lambda: worker.lanes["online"].offsets.outstanding() == 0, 30, "every record finished")
         wait_for(lambda: _committed(settings, topic, settings.kafka.group_online) == len(bad) + 1, 30,
                  "offsets committed past the bad requests")
-    assert sorted(letter.offset for letter in letters) == [0, 1, 2]
+    assert sorted(letter.offset for letter in letters) == [0, 1, 2, 3]
     by_offset = {letter.offset: letter for letter in letters}
-    internal = by_offset[0].error  # a legal name the broker refuses to take replies on
-    assert internal.code == "reply_failed" and "__consumer_offsets" in internal.message
+    internal = by_offset[0].error  # a legal name no worker may reply on
+    assert internal.code == "reply_to_not_allowed" and "__consumer_offsets" in internal.message
+    refused = by_offset[3].error  # allowed, but the broker takes no reply there
+    assert refused.code == "reply_failed" and ".tiny" in refused.message
     assert all(letter.error.message for letter in letters)
     assert {letter.raw_bytes() for letter in letters} == set(bad)
 
@@ -81,15 +95,17 @@ def test_undeliverable_rerank_reply_is_dead_lettered_and_the_worker_goes_on(kafk
     running = Running(RerankWorker(settings, engine, RerankOptions()))
     with QueryClient(settings.kafka) as client, running as worker:
         wait_for(lambda: worker.ready.is_set(), 60, "worker ready")
-        bad = _with_reply_to(RerankRequest(request_id="r-bad", query="read a file", candidates=candidates,
-                                           reply_to="x"), "__consumer_offsets")
-        _send(settings, settings.kafka.topic_rerank, [bad])
-        (letter,) = read_dead_letters(settings, 1, timeout_s=60)
+        bad = [_with_reply_to(RerankRequest(request_id=f"r-bad{i}", query="read a file", candidates=candidates,
+                                            reply_to="x"), name)
+               for i, name in enumerate(("__consumer_offsets", _tiny_reply_topic(settings)))]
+        _send(settings, settings.kafka.topic_rerank, bad)
+        letters = sorted(read_dead_letters(settings, 2, timeout_s=60), key=lambda letter: letter.offset)
         request = RerankRequest(request_id=uuid.uuid4().hex, query="read a file", candidates=candidates,
                                 reply_to=client.reply_topic)
         reply = client.request(settings.kafka.topic_rerank, request, RerankReply, timeout_s=60)
         assert running.thread.is_alive() and worker.failure is None
-    assert letter.error.code == "reply_failed" and letter.raw_bytes() == bad
+    assert [letter.error.code for letter in letters] == ["reply_to_not_allowed", "reply_failed"]
+    assert [letter.raw_bytes() for letter in letters] == bad
     assert reply.error is None and sorted(r.id for r in reply.results) == ["a", "b"]
 
 
@@ -138,6 +154,7 @@ def test_sink_rejections_are_dead_lettered_per_record_and_both_lanes_go_on(kafka
     online lane keeps answering meanwhile."""
     settings = isolated_settings(kafka_bootstrap, "reject")
     settings.worker.record_retry_limit_s = 2.0
+    settings.trust = TrustSettings(collections=["narrow"])  # producers may name it: the store refuses its vectors
     ensure_topics(settings.kafka, partitions=1)
     store = RefusingStore(memory_store(), cursed="cursed")
     store.ensure_collection("narrow", {"full": VectorSpec(3)}, payload_indexes=("doc_id",))
