@@ -72,6 +72,7 @@ class QueryLoop:
 def _versioned_case(kafka_bootstrap: str, name: str, partitions: int):
     """One test's own topics and an empty store; collections versioned behind an alias (the production default)."""
     settings = isolated_settings(kafka_bootstrap, name, versioned_collections=True)
+    settings.trust.collections = ["docs_next"]  # the re-index target: producers may name it (EMBEDSTREAM_TRUST__)
     ensure_topics(settings.kafka, partitions=partitions)
     return settings, memory_store(), settings.qdrant.collection
 
