@@ -107,7 +107,7 @@ class CdcBridge(WorkerLoop):
         if records:
             self._handle(records)
         self.lane.commit()
-        self.metrics.lag(METRICS_LANE, self.lane.consumer)
+        self.lane.record_lag(self.metrics)
         return len(records)
 
     def _handle(self, records: list) -> None:

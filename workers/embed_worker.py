@@ -312,7 +312,7 @@ class EmbedWorker(WorkerLoop):
         if not batch or now - self.last_commit >= self.options.commit_interval_s:
             for name, lane in self.lanes.items():
                 lane.commit()
-                self.metrics.lag(name, lane.consumer)
+                lane.record_lag(self.metrics)
             self.last_commit = now
         return len(batch)
 

@@ -1,7 +1,9 @@
-"""HTTP endpoints of a worker: /metrics (Prometheus), /healthz (loop alive), /readyz (can serve).
+"""HTTP endpoints of a worker: /metrics (Prometheus), /healthz (loop alive and making progress), /readyz (can serve).
 
-Ready means: model loaded, broker reachable and Qdrant reachable; checks are callables so each
-worker kind supplies its own. Served from a daemon thread with the standard library only.
+Alive means the loop thread runs and is not stuck (``stalled`` names why it is: no step, or records
+waiting and none taken, for too long). Ready means: model loaded, every lane a member of its group,
+broker and Qdrant reachable; checks are callables so each worker kind supplies its own. Served from
+a daemon thread with the standard library only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 
 def serve(port: int, registry: CollectorRegistry, alive: Callable[[], bool],
-          checks: dict[str, Callable[[], bool]], host: str = "0.0.0.0") -> ThreadingHTTPServer:
+          checks: dict[str, Callable[[], bool]], host: str = "127.0.0.1",
+          stalled: Callable[[], str | None] = lambda: None) -> ThreadingHTTPServer:
     """Start the endpoints in a daemon thread; returns the server (``shutdown()`` to stop)."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -30,8 +33,9 @@ def serve(port: int, registry: CollectorRegistry, alive: Callable[[], bool],
             if self.path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
-                ok = alive()
-                self._send(200 if ok else 503, json.dumps({"alive": ok}).encode())
+                reason = stalled() if alive() else "the loop thread has ended"
+                body = {"alive": reason is None, **({"reason": reason} if reason else {})}
+                self._send(503 if reason else 200, json.dumps(body).encode())
             elif self.path == "/readyz":
                 results = {}
                 for name, check in checks.items():

@@ -41,6 +41,9 @@ def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_reco
         # the next refresh: keep refreshes frequent so new or grown topics are noticed.
         metadata_max_age_ms=10_000,
         **({"session_timeout_ms": kafka.session_timeout_ms} if kafka.session_timeout_ms else {}),
+        # Static membership (KIP-345, kafka-python >= 2.1): a restarted member takes its partitions back
+        # without a rebalance. One id per process serves all its lanes: each lane is another group.
+        **({"group_instance_id": kafka.instance_id()} if kafka.instance_id() else {}),
         **extra,
     )
 
@@ -86,8 +89,21 @@ def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **co
         tracker.retry({(tp.topic, tp.partition): meta.offset for tp, meta in commit.items()})
 
 
+def missing_topics(consumer, topics: list[str]) -> list[str]:
+    """The topics the broker does not list (yet); one metadata round trip when any is not cached."""
+    return [topic for topic in topics if not consumer.partitions_for_topic(topic)]
+
+
+def group_joined(consumer) -> bool:
+    """True while the consumer is a stable member of its group (joined, not rebalancing)."""
+    try:
+        return consumer._coordinator.stable()  # the public API has no "member of the group" question
+    except AttributeError:  # another client version: holding partitions implies a join
+        return bool(consumer.assignment())
+
+
 def subscribe(consumer, topics: list[str], listener) -> None:
-    """Subscribe, then load the topics' metadata before the first group join.
+    """Subscribe (every topic exists: ``Lane.poll`` waits), then load the topics' metadata before the first join.
 
     Joined without it, the group starts with no partitions and kafka-python 3.0.12 can then stall
     in its next fetch for good. Loaded before subscribing, the group's metadata snapshot misses it

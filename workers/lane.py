@@ -9,6 +9,7 @@ run one each. Records leave a lane as written results, replies or dead letters, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,8 @@ from kafka.errors import KafkaError
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.schemas import ErrorInfo
-from embedstream.workers.kafka_io import broker_reachable, commit_finished, new_consumer, subscribe
+from embedstream.workers.kafka_io import (broker_reachable, commit_finished, group_joined, missing_topics, new_consumer,
+                                          subscribe)
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.outbox import Outbox
 from embedstream.workers.scheduler import WorkQueue
@@ -53,7 +55,7 @@ class Lane:
 
     def __init__(self, name: str, kafka: KafkaSettings, topics: list[str], group: str, outbox: Outbox, *,
                  worker_id: str, max_poll_records: int, full: Callable[[WorkQueue], bool] = lambda _q: False,
-                 flush_timeout_s: float = 30.0, **consumer_extra):
+                 flush_timeout_s: float = 30.0, join_timeout_s: float = 120.0, **consumer_extra):
         self.name = name
         self.topics = topics
         self.outbox = outbox
@@ -62,15 +64,74 @@ class Lane:
         self.paused = False
         self._full = full
         self.flush_timeout_s = flush_timeout_s
-        self.consumer = new_consumer(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records, **consumer_extra)
-        subscribe(self.consumer, topics, _Rebalance(self))
+        self.join_timeout_s = join_timeout_s
+        self._new_consumer = lambda: new_consumer(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records,
+                                                  **consumer_extra)
+        self.consumer = self._new_consumer()
+        self.subscribed_at: float | None = None  # subscribing waits until every topic exists (see poll)
+        self.joined_once = False
+        self.last_lag = 0
+        self._next_topic_check = 0.0
+        self._next_wait_log = 0.0
 
     # -- intake ---------------------------------------------------------------------------------
     def poll(self, timeout_ms: int) -> list:
-        """Fetch records (none while the queue is full: the partitions are paused); each is tracked."""
+        """Fetch records (none while the queue is full: the partitions are paused); each is tracked.
+
+        Not subscribed until every topic of the lane exists: kafka-python 3.0.12 can hang for good in
+        its coordinator lookup when a subscribed topic appears while the group is joining (4 of 12
+        fresh starts never consumed; 0 of 8 with the topics there first). A lane that then never
+        joins within ``join_timeout_s`` gets a new consumer (the join watchdog)."""
+        if self.subscribed_at is None and not self._subscribe_when_topics_exist():
+            time.sleep(max(timeout_ms, 50) / 1000)
+            return []
+        self._watch_join()
         self.apply_backpressure()
         batches = self.consumer.poll(timeout_ms=timeout_ms)
         return [record for records in batches.values() for record in records]
+
+    def _subscribe_when_topics_exist(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_topic_check:
+            return False
+        self._next_topic_check = now + 1.0
+        missing = missing_topics(self.consumer, self.topics)
+        if missing:
+            if now >= self._next_wait_log:
+                log.warning("waiting for topics before subscribing", lane=self.name, missing=missing)
+                self._next_wait_log = now + 30.0
+            return False
+        subscribe(self.consumer, self.topics, _Rebalance(self))
+        self.subscribed_at = time.monotonic()
+        return True
+
+    def _watch_join(self) -> None:
+        """A lane subscribed ``join_timeout_s`` ago that never joined its group: rebuild its consumer."""
+        if self.joined_once:
+            return
+        if self.joined():
+            self.joined_once = True
+            return
+        if time.monotonic() - self.subscribed_at < self.join_timeout_s:
+            return
+        log.warning("consumer never joined its group; rebuilding it", lane=self.name, waited_s=self.join_timeout_s)
+        try:
+            self.consumer.close(autocommit=False)
+        except Exception as exc:  # noqa: BLE001 - the old consumer is abandoned either way
+            log.warning("closing the stuck consumer failed", lane=self.name, error=str(exc)[:300])
+        self.consumer = self._new_consumer()
+        self.subscribed_at = None
+        self._next_topic_check = 0.0
+        self.paused = False
+
+    def joined(self) -> bool:
+        """Subscribed and a stable member of its group (it may hold no partition: more members than partitions)."""
+        return self.subscribed_at is not None and group_joined(self.consumer)
+
+    def record_lag(self, metrics) -> int:
+        """Records behind the log end on the assigned partitions (the gauge, and /healthz's progress check)."""
+        self.last_lag = metrics.lag(self.name, self.consumer)
+        return self.last_lag
 
     def track(self, record) -> list:
         """Register a fetched record; its offset commits once ``OffsetTracker.done(handle)``."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from embedstream import logs
 from embedstream.config import KafkaSettings, WorkerSettings
+from embedstream.kafka_auth import check_kafka_access
 from embedstream.schemas import ErrorInfo
 from embedstream.workers.lane import PERMANENT, TRANSIENT, Lane, failure_kind
 from embedstream.workers.outbox import Outbox
@@ -42,14 +43,19 @@ class WorkerLoop:
         self.stop_event = threading.Event()
         self.ready = threading.Event()
         self.failure: BaseException | None = None  # why the loop ended, when it did not end by stop()
+        # Fail fast, naming why (KafkaAccessError): kafka-python alone retries a refused login for 30 s,
+        # then reports a bootstrap timeout, and a consumer denied a topic polls nothing, silently.
+        check_kafka_access(kafka, tuning.access_check_timeout_s, topics=[kafka.topic_dead_letters])
         self.outbox = Outbox(kafka, worker_id, metrics)
         self.lanes: dict[str, Lane] = {}
+        self.last_step = self.last_progress = time.monotonic()  # /healthz: liveness is progress
 
     def add_lane(self, name: str, topics: list[str], group: str, max_poll_records: int,
                  full: Callable = lambda _q: False, **consumer_extra) -> Lane:
+        check_kafka_access(self.kafka, self.tuning.access_check_timeout_s, topics=topics)
         lane = Lane(name, self.kafka, topics, group, self.outbox, worker_id=self.worker_id,
                     max_poll_records=max_poll_records, full=full, flush_timeout_s=self.tuning.flush_timeout_s,
-                    **consumer_extra)
+                    join_timeout_s=self.tuning.join_timeout_s, **consumer_extra)
         self.lanes[name] = lane
         return lane
 
@@ -65,8 +71,30 @@ class WorkerLoop:
         return {}
 
     def readiness_checks(self) -> dict[str, Callable[[], bool]]:
-        """/readyz: broker reachable from every lane (subclasses add their stores)."""
-        return {"broker": lambda: all(lane.reachable() for lane in self.lanes.values())}
+        """/readyz: every lane a member of its group and its broker reachable (subclasses add their stores)."""
+        return {"broker": lambda: all(lane.reachable() for lane in self.lanes.values()),
+                "joined": lambda: all(lane.joined() for lane in self.lanes.values())}
+
+    def stalled(self) -> str | None:
+        """Why the loop is alive but stuck, or None: /healthz fails on it (an orchestrator restarts the worker).
+
+        Progress is a step within ``stall_timeout_s`` that took records, or found none behind the log
+        end; a deliberate wait (backing off from a failed write) counts as progress. Found necessary:
+        a consumer hung in kafka-python's coordinator lookup kept the loop thread alive and /readyz
+        green while nothing was consumed."""
+        bound = self.tuning.stall_timeout_s
+        now = time.monotonic()
+        if now - self.last_step > bound:
+            return f"no loop step for {now - self.last_step:.0f} s"
+        if now - self.last_progress > bound:
+            return f"records waiting and none taken for {now - self.last_progress:.0f} s"
+        return None
+
+    def _stepped(self, taken: int) -> None:
+        """After each step: taken records, or no lag anywhere, is progress."""
+        self.last_step = time.monotonic()
+        if taken or not any(lane.last_lag for lane in self.lanes.values()):
+            self.last_progress = self.last_step
 
     def close_resources(self) -> None:
         """Close what the subclass owns besides lanes and outbox (stores, publishers)."""
@@ -78,8 +106,9 @@ class WorkerLoop:
             self.warm_up()
             log.info(f"{self.name} started", **self.started_fields())
             self.ready.set()
+            self.last_step = self.last_progress = time.monotonic()
             while not self.stop_event.is_set():
-                self.run_once()
+                self._stepped(self.run_once())
         except BaseException as exc:
             if not self.stop_event.is_set():
                 self.failure = exc
@@ -140,6 +169,7 @@ class WorkerLoop:
                     while time.monotonic() < end and not self.stop_event.is_set():
                         for lane, _ in held:
                             lane.keep_membership()
+                        self._stepped(1)  # waiting out an outage on purpose is progress
                     delay = min(delay * 2, ceiling)
         finally:
             for lane, assigned in held:

@@ -57,8 +57,8 @@ class WorkerMetrics:
         self.queue_items.labels(lane=lane).set(items)
         self.queue_tokens.labels(lane=lane).set(tokens)
 
-    def lag(self, lane: str, consumer) -> None:
-        """Consumer lag from the client's own fetch metadata (no extra broker round trip)."""
+    def lag(self, lane: str, consumer) -> int:
+        """Consumer lag from the client's own fetch metadata (no extra broker round trip); returns it."""
         total = 0
         for tp in consumer.assignment():
             highwater = consumer.highwater(tp)
@@ -72,6 +72,7 @@ class WorkerMetrics:
             if offset is not None:
                 total += max(0, highwater - offset)
         self.consumer_lag.labels(lane=lane).set(total)
+        return total
 
 
 class CdcMetrics:
@@ -92,5 +93,5 @@ class CdcMetrics:
                                         "Failed publishes to the chunk topic (retried)", registry=r)
         self.consumer_lag = Gauge("embedstream_consumer_lag", "Records behind the log end, per lane", ["lane"], registry=r)
 
-    def lag(self, lane: str, consumer) -> None:
-        WorkerMetrics.lag(self, lane, consumer)  # type: ignore[arg-type] - same gauge name and logic
+    def lag(self, lane: str, consumer) -> int:
+        return WorkerMetrics.lag(self, lane, consumer)  # type: ignore[arg-type] - same gauge name and logic

@@ -304,7 +304,7 @@ class RerankWorker(WorkerLoop):
         if batch:
             self._process(batch)
         self.lane.commit()
-        self.metrics.lag(LANE_RERANK, self.lane.consumer)
+        self.lane.record_lag(self.metrics)
         return len(batch)
 
     def started_fields(self) -> dict:

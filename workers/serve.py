@@ -18,15 +18,17 @@ from embedstream.workers.loop import WorkerLoop
 log = logs.get("embedstream.worker")
 
 
-def run_until_signalled(worker: WorkerLoop, metrics_port: int | None, host: str = "0.0.0.0") -> None:
+def run_until_signalled(worker: WorkerLoop, metrics_port: int | None, host: str | None = None) -> None:
     """Serve /healthz /readyz /metrics, run the loop in a thread, stop cleanly on SIGTERM/SIGINT.
 
+    The endpoints listen on ``host``, default ``EMBEDSTREAM_WORKER__HEALTH_HOST`` (127.0.0.1; compose: 0.0.0.0).
     Raises ``SystemExit`` with the reason when the loop ended on an error rather than a signal."""
     thread = threading.Thread(target=worker.run, name=worker.name)
     server = None
     if metrics_port:
         checks = {"model": lambda: worker.ready.is_set(), **worker.readiness_checks()}
-        server = serve(metrics_port, worker.metrics.registry, alive=lambda: thread.is_alive(), checks=checks, host=host)
+        server = serve(metrics_port, worker.metrics.registry, alive=lambda: thread.is_alive(), checks=checks,
+                       host=host or worker.tuning.health_host, stalled=worker.stalled)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     frozen = freeze_startup_objects()  # the model is loaded: no full GC walks it mid-request

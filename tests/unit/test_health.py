@@ -55,3 +55,17 @@ def test_endpoints_report_metrics_liveness_and_readiness():
         assert _get(port, "/readyz")[0] == 503
     finally:
         server.shutdown()
+
+
+def test_healthz_fails_with_the_reason_when_the_loop_is_alive_but_stuck():
+    stuck = {"reason": None}
+    port = _free_port()
+    server = serve(port, WorkerMetrics(model="m").registry, alive=lambda: True, checks={},
+                   stalled=lambda: stuck["reason"])
+    try:
+        assert _get(port, "/healthz") == (200, b'{"alive": true}')
+        stuck["reason"] = "records waiting and none taken for 130 s"
+        code, body = _get(port, "/healthz")
+        assert code == 503 and json.loads(body) == {"alive": False, "reason": stuck["reason"]}
+    finally:
+        server.shutdown()

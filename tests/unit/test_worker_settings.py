@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from embedstream.config import Settings, WorkerSettings
@@ -22,12 +24,17 @@ ENV = {
     "EMBEDSTREAM_WORKER__WARM_UP_TOKENS": "0",
     "EMBEDSTREAM_WORKER__MAX_CANDIDATES": "20",
     "EMBEDSTREAM_WORKER__MAX_PAIRS_PER_PASS": "128",
+    "EMBEDSTREAM_WORKER__HEALTH_HOST": "0.0.0.0",
+    "EMBEDSTREAM_WORKER__STALL_TIMEOUT_S": "90",
+    "EMBEDSTREAM_WORKER__JOIN_TIMEOUT_S": "45",
+    "EMBEDSTREAM_WORKER__ACCESS_CHECK_TIMEOUT_S": "5",
 }
 EXPECTED = {
     "batch_window_ms": 7.5, "bulk_slice_tokens": 512, "online_quiet_s": 0.25, "max_queue_tokens": 4096,
     "max_queue_requests": 32, "commit_interval_s": 1.5, "flush_timeout_s": 12.0, "sink_backoff_s": (0.5, 4.0),
     "record_retry_limit_s": 60.0, "skip_unchanged": False, "warm_up_tokens": 0, "max_candidates": 20,
-    "max_pairs_per_pass": 128,
+    "max_pairs_per_pass": 128, "health_host": "0.0.0.0", "stall_timeout_s": 90.0, "join_timeout_s": 45.0,
+    "access_check_timeout_s": 5.0,
 }
 
 
@@ -69,3 +76,21 @@ def test_an_impossible_knob_is_refused(monkeypatch, tmp_path, name, value):
     monkeypatch.setenv(f"EMBEDSTREAM_WORKER__{name}", value)
     with pytest.raises(ValueError, match=name.lower()):
         Settings()
+
+
+def test_fleet_settings_from_the_environment(monkeypatch, tmp_path):
+    """Trust allow-lists, static membership and Qdrant cluster options are EMBEDSTREAM_* settings too."""
+    monkeypatch.chdir(tmp_path)
+    assert Settings().kafka.instance_id() is None and Settings().qdrant.cluster_options() == {}
+    assert Settings().worker.health_host == "127.0.0.1"  # outside containers: not on every interface
+    monkeypatch.setenv("EMBEDSTREAM_TRUST__COLLECTIONS", '["docs_next"]')
+    monkeypatch.setenv("EMBEDSTREAM_TRUST__REPLY_TOPIC_PREFIXES", '["gw."]')
+    monkeypatch.setenv("EMBEDSTREAM_KAFKA__STATIC_MEMBERSHIP", "true")
+    monkeypatch.setenv("EMBEDSTREAM_QDRANT__SHARD_NUMBER", "6")
+    monkeypatch.setenv("EMBEDSTREAM_QDRANT__REPLICATION_FACTOR", "2")
+    settings = Settings()
+    assert settings.trust.collections == ["docs_next"] and settings.trust.reply_topic_prefixes == ["gw."]
+    assert settings.kafka.instance_id() == socket.gethostname()
+    assert settings.qdrant.cluster_options() == {"shard_number": 6, "replication_factor": 2}
+    monkeypatch.setenv("EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID", "embed-0")
+    assert Settings().kafka.instance_id() == "embed-0"

@@ -1,0 +1,68 @@
+"""Workers started before their topics exist (issue #13 item 4), on the real broker.
+
+Reported: 4 of 12 fresh runs (embed worker twice, CDC bridge twice) never consumed anything when a
+subscribed topic appeared while the group was joining; 0 of 8 with the topics created first. Each
+round here starts the workers on a fresh namespace, creates the topics after a different delay
+(during start-up, during the first join attempts, after them), and requires consumption.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import isolated_settings, memory_store, wait_for
+from kafka import KafkaProducer
+from worker_rig import Running, RunningWorker
+
+from embedstream.producers.chunker import Chunker
+from embedstream.producers.query_client import QueryClient
+from embedstream.producers.topics import all_topics, ensure_topics
+from embedstream.schemas import ChunkEvent
+from embedstream.schemas.codec import encode
+from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions
+from cdc_events import CONFIG, envelope, key, raw, row
+
+pytestmark = pytest.mark.kafka
+
+DELAYS_S = (0.0, 1.5, 4.0)  # topics created: at once, while the first join runs, after it gave up
+
+
+@pytest.mark.timeout(600)
+def test_the_embed_worker_consumes_topics_created_after_it_started(kafka_bootstrap, minilm_engine):
+    for round_, delay in enumerate(DELAYS_S):
+        settings = isolated_settings(kafka_bootstrap, f"late{round_}")
+        store = memory_store()
+        with RunningWorker(settings, minilm_engine, store, lanes=("online", "bulk")) as worker:
+            time.sleep(delay)
+            ensure_topics(settings.kafka, partitions=2)
+            producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
+            for i, topic in enumerate((settings.kafka.topic_chunks_online, settings.kafka.topic_chunks_bulk) * 2):
+                producer.send(topic, key=f"d{i}".encode(),
+                              value=encode(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=f"chunk {i} about files")))
+            producer.close()
+            wait_for(lambda: store.collection_exists("docs") and store.count("docs") == 4, 90,
+                     f"round {round_} (topics after {delay} s): every chunk indexed")
+            with QueryClient(settings.kafka) as client:
+                assert client.embed("and queries?", timeout_s=60).error is None
+            assert worker.failure is None
+
+
+@pytest.mark.timeout(600)
+def test_the_cdc_bridge_consumes_a_topic_created_after_it_started(kafka_bootstrap, minilm_engine):
+    chunker = Chunker(minilm_engine.tokenizer.tokenizer, minilm_engine.spec.max_tokens, chunk_tokens=40, overlap_tokens=0)
+    for round_, delay in enumerate(DELAYS_S):
+        settings = isolated_settings(kafka_bootstrap, f"latecdc{round_}")
+        settings.kafka.group_cdc = f"{settings.kafka.group_online}-cdc"
+        source = f"{settings.kafka.topic_chunks_online}.cdc"
+        bridge = CdcBridge(settings, chunker, CdcOptions(source, CONFIG))
+        with Running(bridge):
+            time.sleep(delay)
+            ensure_topics(settings.kafka, partitions=2, topics=[source, *all_topics(settings.kafka)])
+            producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
+            for i in range(3):
+                producer.send(source, key=raw(key(i)), value=raw(envelope("c", after=row(i, f"title {i}", "a body"))))
+            producer.close()
+            wait_for(lambda: bridge.metrics.events.labels(op="c")._value.get() == 3, 90,
+                     f"round {round_} (topic after {delay} s): every change applied")
+            assert bridge.failure is None
