@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from embedstream.engine.attention import attention_kernel_name
+from embedstream.engine import calibrate
 from embedstream.engine.backends import bert, decoder
 from embedstream.engine.backends.hf_padded import PaddedHFEncoder
-from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16
+from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16, onednn_int8_available
 from embedstream.engine.errors import ConfigError
 from embedstream.engine.head import EmbeddingHead
 from embedstream.engine.model_spec import ModelSpec
@@ -48,7 +49,8 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, torch.dty
     the hardware computes it natively, float32 elsewhere (never the lossier int8).
 
     bfloat16 on CPU is fast only where the CPU has bf16 dot products (AVX512-BF16, AMX) and is
-    otherwise emulated (about 6x slower than fp32 on AVX2); int8 is dynamic quantization on CPU.
+    otherwise emulated (about 6x slower than fp32 on AVX2); int8 on CPU is static (calibrated,
+    calibrate.py) on the BERT path and dynamic quantization on the decoder path.
     """
     if requested not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
@@ -102,7 +104,7 @@ class ModelRunner:
                 reason = family.supports(config)
                 if reason is None:
                     try:
-                        encoder = cls(base, config, self.device, self.dtype, self.precision)
+                        encoder = self._build_packed(cls, base, config)
                     except (AttributeError, ValueError) as exc:  # unusual layout: fall back, say why
                         reasons.append(f"{cls.__name__}: {exc}")
                         continue
@@ -121,6 +123,15 @@ class ModelRunner:
         self.head_reads = "all"  # an unknown architecture's head may read any token
         self.fallback_reason = "; ".join(reasons)
         return encoder, f"hf-padded/{self.device.type}/{self._precision_label()}"
+
+    def _build_packed(self, cls, base, config):
+        """The packed encoder; BERT-family int8 is static, with ranges calibrated once and cached."""
+        if self.precision == "int8" and cls is bert.PackedBertEncoder and onednn_int8_available():
+            stats = calibrate.load_or_calibrate(
+                self.spec, lambda: cls(base, config, self.device, self.dtype, "float32")
+            )
+            return cls(base, config, self.device, self.dtype, "int8", calibration=stats)
+        return cls(base, config, self.device, self.dtype, self.precision)
 
     def _precision_label(self) -> str:
         if self.precision == "bfloat16" and self.device.type == "cpu" and not cpu_has_native_bf16():
