@@ -1,8 +1,10 @@
-"""`embedstream bench engine`: the engine against sentence-transformers and naive padded batches.
+"""`embedstream bench engine`: the engine against sentence-transformers, naive padded batches and
+the other CPU engines (OpenVINO, ONNX Runtime: bench/peers.py, rows present when ``.[bench]`` is).
 
 One run, one corpus, side by side: texts/s, real tokens/s, padding fraction, peak memory, the
-share of the machine's measured peak fp32 GEMM rate spent on useful (real-token) FLOPs, and ratios.
-Machines here are small and noisy: each method runs ``repeats`` times and the median is reported.
+share of the machine's measured peak GEMM rate *for the row's precision* (float32, bf16, int8)
+spent on useful (real-token) FLOPs, ratios, and the min cosine against sentence-transformers
+float32. Machines here are small and noisy: methods take turns, ``repeats`` rounds, median reported.
 """
 
 from __future__ import annotations
@@ -20,13 +22,19 @@ import torch
 from embedstream import logs
 from embedstream.bench.corpus import mixed_length_texts
 from embedstream.config import Settings
-from embedstream.engine.backends.linear import DenseLinear, cpu_flags, cpu_has_native_bf16
+from embedstream.engine.backends.linear import (
+    DenseLinear,
+    cpu_flags,
+    cpu_has_native_bf16,
+    onednn_int8_available,
+)
 from embedstream.engine.engine import EmbedRequest, Engine
 
 
 @dataclass
 class MethodResult:
     method: str
+    precision: str
     threads: int
     seconds: float
     texts: int
@@ -92,6 +100,32 @@ def measure_peak_gemm_gflops(threads: int, size: int = 2048, repeats: int = 5) -
             start = time.perf_counter()
             fn()
             best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def measure_peak_gflops(threads: int, precision: str, size: int = 2048, repeats: int = 5) -> float:
+    """Peak GEMM rate for ``precision``: float32 (above), bf16 through the packed oneDNN linear, int8 as
+    oneDNN's u8 x s8 linear on already-quantised input (ops counted like FLOPs)."""
+    if precision == "float32":
+        return measure_peak_gemm_gflops(threads, size, repeats)
+    torch.set_num_threads(threads)
+    b = torch.randn(size, size)
+    if precision == "bfloat16":
+        layer, a = DenseLinear(b, None, torch.bfloat16), torch.randn(size, size).bfloat16()
+        fn = lambda: layer(a)  # noqa: E731
+    elif precision == "int8" and onednn_int8_available():
+        packed = torch.ops.onednn.qlinear_prepack(torch.randint(-127, 128, (size, size), dtype=torch.int8), None)
+        a, w_scales, w_zps = torch.randint(0, 256, (size, size), dtype=torch.uint8), torch.ones(size), torch.zeros(size, dtype=torch.int32)
+        fn = lambda: torch.ops.onednn.qlinear_pointwise(a, 1.0, 128, packed, w_scales, w_zps, None, 1.0, 0,  # noqa: E731
+                                                        torch.float32, "none", [], "")
+    else:
+        return float("nan")
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
 
 
@@ -182,12 +216,31 @@ def _engine(model: str, precision: str) -> Engine:
     return Engine.from_name(model, settings)
 
 
+def _own_methods(model: str, engine: Engine, precisions: list[str], baselines: bool) -> list[tuple[str, str, Callable]]:
+    """(name, precision, run) for embedstream's rows and the in-process baselines."""
+    methods: list[tuple[str, str, Callable]] = [("embedstream (packed, fp32)", "float32", _embedstream(engine))]
+    for precision in precisions:
+        if precision != "float32":
+            fast = _engine(model, precision)
+            label = fast.runner.describe().rsplit("/", 1)[-1]
+            methods.append((f"embedstream (packed, {label})", fast.runner.precision, _embedstream(fast)))
+    if baselines:
+        methods.append(("sentence-transformers bs=32", "float32", _sentence_transformers(engine)))
+        methods.append(("naive arrival-order bs=32", "float32", _naive_padded(engine)))
+    return methods
+
+
 def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts: int = 600, repeats: int = 1,
-        baselines: bool = True, precisions: list[str] | None = None) -> tuple[list[MethodResult], dict]:
+        baselines: bool = True, precisions: list[str] | None = None, peers: bool = True
+        ) -> tuple[list[MethodResult], dict]:
     """Run every method for each thread count on one corpus; returns rows and machine facts.
 
     The first row is always the exact float32 path; ``precisions`` add approximate rows (int8,
-    bfloat16) whose min cosine is taken against it."""
+    bfloat16). Min cosine is taken against sentence-transformers float32 (the embedstream float32
+    row when baselines are off). ``peers``: OpenVINO / ONNX Runtime rows, built per thread count
+    (both fix their thread pools when a model is compiled); the ones that cannot run are listed."""
+    from embedstream.bench import peers as peer_rows
+
     threads = threads or [1, 2]
     precisions = default_approximate_precisions() if precisions is None else precisions
     engine = _engine(model, "float32")
@@ -195,28 +248,26 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
     corpus = mixed_length_texts(texts, lambda s: len(tok.encode(s).ids), engine.spec.max_tokens)
     lengths = [len(tok.encode(t).ids) for t in corpus]
     useful_flops = sum(n * engine.runner.flops_per_token(n) for n in lengths)
-    methods: list[tuple[str, Callable]] = [("embedstream (packed, fp32)", _embedstream(engine))]
-    for precision in precisions:
-        if precision != "float32":
-            fast = _engine(model, precision)
-            methods.append((f"embedstream (packed, {fast.runner.describe().rsplit('/', 1)[-1]})", _embedstream(fast)))
-    if baselines:
-        methods.append(("sentence-transformers bs=32", _sentence_transformers(engine)))
-        methods.append(("naive arrival-order bs=32", _naive_padded(engine)))
+    own = _own_methods(model, engine, precisions, baselines)
+    found, skipped = peer_rows.peers(engine.spec) if peers else ([], [])
     facts = {"model": model, "path": engine.runner.describe(), "cpu": cpu_summary(), "texts": len(corpus), "real_tokens": sum(lengths),
-             "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {}}
+             "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {},
+             "skipped": [(s.name, s.reason) for s in skipped]}
     rows: list[MethodResult] = []
     for n in threads:
         torch.set_num_threads(n)
-        facts["peak_gflops"][n] = measure_peak_gemm_gflops(n)
-        reference = None
-        for (name, _), (seconds, vectors, computed, peak) in zip(methods, _timed_round_robin(methods, corpus, repeats)):
-            vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-            if reference is None:
-                reference = vectors
-            min_cos = float((vectors * reference).sum(1).min())
-            rows.append(MethodResult(name, n, seconds, len(corpus), sum(lengths), computed, peak,
+        methods = own + [(p.name, p.precision, p.build(n)) for p in found]
+        facts["peak_gflops"][n] = {p: measure_peak_gflops(n, p) for p in sorted({m[1] for m in methods})}
+        torch.set_num_threads(n)
+        timed = _timed_round_robin([(name, fn) for name, _, fn in methods], corpus, repeats)
+        names = [name for name, _, _ in methods]
+        ref_at = next((i for i, name in enumerate(names) if name.startswith("sentence-transformers")), 0)
+        normed = [vectors / np.linalg.norm(vectors, axis=1, keepdims=True) for _, vectors, _, _ in timed]
+        for (name, precision, _), (seconds, _, computed, peak), vectors in zip(methods, timed, normed):
+            min_cos = float((vectors * normed[ref_at]).sum(1).min())
+            rows.append(MethodResult(name, precision, n, seconds, len(corpus), sum(lengths), computed, peak,
                                      useful_flops / seconds / 1e9, min_cos))
+        facts["reference"] = names[ref_at]
     return rows, facts
 
 
@@ -227,21 +278,26 @@ def print_table(rows: list[MethodResult], facts: dict) -> None:
     console.print(f"cpu: {facts['cpu']}")
     console.print(f"model {facts['model']} via {facts['path']}; corpus {facts['texts']} texts, "
                   f"{facts['real_tokens']} real tokens (p50 {facts['length_p50']:.0f}, max {facts['length_max']})")
+    for name, reason in facts.get("skipped", []):
+        console.print(f"[dim]skipped {name}: {reason}[/dim]")
     table = Table(title="bench engine (median of repeats)")
     for col in ("threads", "method", "texts/s", "real tok/s", "padding", "peak MB", "useful GFLOP/s",
-                "% fp32 peak", "vs sentence-tf", "vs naive", "min cos vs fp32"):
+                "% peak (own precision)", "vs sentence-tf", "vs naive", f"min cos vs {facts.get('reference', 'fp32')}"):
         table.add_column(col, justify="right" if col != "method" else "left")
+    short = {"float32": "fp32", "bfloat16": "bf16", "int8": "int8"}
     for n in sorted({r.threads for r in rows}):
         group = [r for r in rows if r.threads == n]
-        peak = facts["peak_gflops"][n]
+        peaks = facts["peak_gflops"][n]
         base = {r.method.split()[0]: r.tokens_per_s for r in group}
         for r in group:
             table.add_row(
                 str(n), r.method, f"{r.texts_per_s:,.1f}", f"{r.tokens_per_s:,.0f}", f"{r.padding_fraction:.1%}",
-                f"{r.peak_mem_mb:,.0f}", f"{r.useful_gflops:,.1f}", f"{r.useful_gflops / peak:.0%}",
+                f"{r.peak_mem_mb:,.0f}", f"{r.useful_gflops:,.1f}",
+                f"{r.useful_gflops / peaks[r.precision]:.0%} {short.get(r.precision, r.precision)}",
                 f"{r.tokens_per_s / base['sentence-transformers']:.2f}x" if "sentence-transformers" in base else "-",
                 f"{r.tokens_per_s / base['naive']:.2f}x" if "naive" in base else "-",
                 f"{r.min_cos:.6f}" if r.min_cos is not None else "-",
             )
-        table.add_row(str(n), f"[dim]peak fp32 GEMM measured: {peak:,.1f} GFLOP/s[/dim]", *[""] * 9)
+        measured = ", ".join(f"{short.get(p, p)} {g:,.1f}" for p, g in peaks.items())
+        table.add_row(str(n), f"[dim]peak GEMM measured (GFLOP/s): {measured}[/dim]", *[""] * 9)
     console.print(table)

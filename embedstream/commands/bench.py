@@ -22,6 +22,7 @@ def bench_engine(
     texts: int = typer.Option(600, help="Corpus size"),
     repeats: int = typer.Option(3, help="Timed runs per method, taken in turns (median reported)"),
     no_baselines: bool = typer.Option(False, "--no-baselines", help="Only embedstream"),
+    no_peers: bool = typer.Option(False, "--no-peers", help="Leave out the OpenVINO / ONNX Runtime rows"),
     precision: Optional[list[str]] = typer.Option(
         None, help="Extra approximate rows (int8, bfloat16); default: int8, plus bfloat16 where the CPU has it"
     ),
@@ -29,7 +30,8 @@ def bench_engine(
     """Engine throughput vs sentence-transformers and naive padded batches, one corpus, one run."""
     from embedstream.bench import engine_bench
 
-    rows, facts = engine_bench.run(model, threads, texts, repeats, baselines=not no_baselines, precisions=precision)
+    rows, facts = engine_bench.run(model, threads, texts, repeats, baselines=not no_baselines, precisions=precision,
+                                   peers=not no_peers)
     engine_bench.print_table(rows, facts)
 
 

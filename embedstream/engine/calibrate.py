@@ -107,16 +107,23 @@ def measure(encoder, batches) -> Stats:
     return stats
 
 
-def calibration_batches(spec):
-    """The fixed calibration texts, tokenised like the engine does and packed 32 texts a batch."""
+def calibration_texts(spec, count: int = CALIBRATION_TEXTS) -> tuple[object, list[str]]:
+    """(the engine's TextTokenizer for ``spec``, the fixed calibration texts); peers calibrate on the same."""
     from embedstream.bench.corpus import mixed_length_texts
     from embedstream.engine.engine import _st_lowercase
-    from embedstream.engine.packed import pack_sequences
     from embedstream.engine.tokenize import TextTokenizer, load_tokenizer
 
     tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, bool(_st_lowercase(spec)))
-    texts = mixed_length_texts(CALIBRATION_TEXTS, lambda s: len(tokenizer.tokenizer.encode(s).ids), spec.max_tokens,
+    texts = mixed_length_texts(count, lambda s: len(tokenizer.tokenizer.encode(s).ids), spec.max_tokens,
                                seed=CALIBRATION_SEED)
+    return tokenizer, texts
+
+
+def calibration_batches(spec):
+    """The fixed calibration texts, tokenised like the engine does and packed 32 texts a batch."""
+    from embedstream.engine.packed import pack_sequences
+
+    tokenizer, texts = calibration_texts(spec)
     items = sorted(tokenizer.encode_many(texts, [True] * len(texts)), key=len)
     for start in range(0, len(items), BATCH_TEXTS):
         yield pack_sequences(items[start : start + BATCH_TEXTS])
