@@ -16,6 +16,8 @@ Every form is scored by brute force in numpy, so the numbers are exact, not an i
   the full float32 vectors (which then live on disk or in a slower tier);
 * float32 vectors searched with the queries embedded at bf16 (what precision ``fast`` gives the
   online lane where the CPU has native bf16): the cost of the query path's precision alone.
+* queries *and* documents embedded with the engine at int8 (static, calibrated: engine/calibrate.py)
+  and searched exactly: what the int8 engine costs in recall (target: >= 0.98 of float32's 1.0).
 Matryoshka sizes are not measured: MiniLM is not Matryoshka-trained, its truncated vectors are
 not a supported form (the engine refuses them), and the table says so.
 """
@@ -84,6 +86,11 @@ def embed_cached(model: str, texts: list[str], threads: int | None = None, progr
     digest.update(f"{spec.name}\x1f{spec.path}\x1f{spec.pooling}\x1f{spec.max_tokens}\x1e".encode())
     if precision != "float32":  # float32 keeps its old cache key
         digest.update(f"precision={precision}\x1e".encode())
+    if precision == "int8":  # a new int8 recipe must not read the old recipe's vectors
+        from embedstream.engine.backends.bert import INT8_SMOOTH_ALPHA
+        from embedstream.engine.calibrate import CALIBRATION_VERSION
+
+        digest.update(f"recipe={sorted(INT8_SMOOTH_ALPHA.items())}/{CALIBRATION_VERSION}\x1e".encode())
     for text in texts:
         digest.update(text.encode("utf-8", "surrogatepass") + b"\x1e")
     path = CACHE_DIR / f"quality-{digest.hexdigest()[:16]}.npy"
@@ -163,11 +170,14 @@ class QualityResult:
 
 
 def evaluate(vectors: np.ndarray, queries: np.ndarray, k: int = 10, rescore: int = 4,
-             other_queries: dict[str, np.ndarray] | None = None) -> list[FormRow]:
+             other_queries: dict[str, np.ndarray] | None = None,
+             other_engines: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> list[FormRow]:
     """Recall@k of every storage form against exact float32 brute force, plain and rescored.
 
     ``other_queries``: the same queries embedded another way (e.g. at the online lane's bf16),
-    searched against the float32 vectors: what the query path's precision costs on its own."""
+    searched against the float32 vectors: what the query path's precision costs on its own.
+    ``other_engines``: (documents, queries) both embedded another way (e.g. the int8 engine),
+    searched exactly among themselves: what that precision costs end to end."""
     d = vectors.shape[1]
     truth = _topk(queries @ vectors.T, k)
     wide = k * rescore
@@ -187,6 +197,9 @@ def evaluate(vectors: np.ndarray, queries: np.ndarray, k: int = 10, rescore: int
     for name, other in (other_queries or {}).items():
         rows.append(FormRow(name, 4 * d, recall(_topk(other @ vectors.T, k), truth), None,
                             "float32 vectors, queries embedded at this precision"))
+    for name, (other_vectors, other_q) in (other_engines or {}).items():
+        rows.append(FormRow(name, 4 * d, recall(_topk(other_q @ other_vectors.T, k), truth), None,
+                            "documents and queries embedded at this precision, exact search"))
     f16 = vectors.astype(np.float16).astype(np.float32)
     add("float16", 2 * d, queries @ f16.T)
     peak = np.abs(vectors).max(axis=1, keepdims=True)
@@ -208,7 +221,8 @@ def evaluate(vectors: np.ndarray, queries: np.ndarray, k: int = 10, rescore: int
 
 
 def run(model: str = "all-MiniLM-L6-v2", queries: int = 200, k: int = 10, rescore: int = 4, threads: int | None = None,
-        chunk_words: int = 40, min_chunks: int = 10_000) -> QualityResult:
+        chunk_words: int = 40, min_chunks: int = 10_000, engine_precisions: tuple[str, ...] = ("int8",)
+        ) -> QualityResult:
     chunks, held = build_corpus(queries, chunk_words)
     if len(chunks) < min_chunks:
         raise RuntimeError(f"only {len(chunks)} chunks (< {min_chunks}); lower --chunk-words")
@@ -216,9 +230,14 @@ def run(model: str = "all-MiniLM-L6-v2", queries: int = 200, k: int = 10, rescor
     matrix = embed_cached(model, chunks + held, threads)
     vectors, qvecs = matrix[: len(chunks)], matrix[len(chunks) :]
     bf16_queries = embed_cached(model, held, threads, progress=False, precision="bfloat16")
+    others = {}
+    for precision in engine_precisions:
+        other = embed_cached(model, chunks + held, threads, precision=precision)
+        others[f"engine at {precision}: documents and queries"] = (other[: len(chunks)], other[len(chunks) :])
     embed_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rows = evaluate(vectors, qvecs, k, rescore, {"float32, queries at bfloat16 (precision 'fast')": bf16_queries})
+    rows = evaluate(vectors, qvecs, k, rescore, {"float32, queries at bfloat16 (precision 'fast')": bf16_queries},
+                    others)
     return QualityResult(model, vectors.shape[1], len(chunks), len(held), k, rescore, rows, embed_s,
                          time.perf_counter() - t1)
 
