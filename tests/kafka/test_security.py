@@ -263,3 +263,31 @@ def test_librdkafka_authenticates_with_the_same_settings(secure_broker):
         return any(e.code() == confluent_kafka.KafkaError._AUTHENTICATION for e in errors)
 
     wait_for(refused, 30, "librdkafka's authentication error")
+
+
+def test_a_worker_the_broker_refuses_fails_at_start_naming_why(secure_broker, minilm_engine):
+    """Issue #13: a wrong password, or no right to read one of its topics, stops a worker as it is built, with
+    the access check's reason (run_until_signalled is never reached; the command exits non-zero with it)."""
+    from pydantic import SecretStr
+
+    from embedstream.workers.runtime import build_embed_worker
+
+    info = secure_broker
+    settings = _worker_settings(info, "start")
+    ensure_topics(settings.kafka, partitions=1)
+    wrong = settings.model_copy(update={"kafka": settings.kafka.model_copy(
+        update={"sasl_password": SecretStr(f"wrong-{uuid.uuid4().hex}")})})
+    with pytest.raises(KafkaAccessError) as refused:
+        build_embed_worker(wrong, ("bulk",), store=memory_store(), engine=minilm_engine)
+    assert refused.value.code == "kafka_auth_failed"
+    k = settings.kafka
+    prefix = k.topic_chunks_online.rsplit(".", 2)[0]  # this test's <p>: chunks, dead letters; not queries
+    devkafka.start(port=info.port, data_dir=info.data_dir, security="sasl_ssl", users=USERS, grants=[
+        AclGrant("chunks", "topic", f"{prefix}.chunks.", ("read", "describe"), prefixed=True),
+        AclGrant("chunks", "topic", k.topic_dead_letters, ("write", "describe")),
+    ])
+    reader = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={
+        "sasl_username": "chunks", "sasl_password": SecretStr(CHUNKS_PASSWORD)})})
+    with pytest.raises(KafkaAccessError) as denied:  # the online lane reads the queries topic too
+        build_embed_worker(reader, ("online",), store=memory_store(), engine=minilm_engine)
+    assert denied.value.code == "kafka_topic_denied" and k.topic_queries in denied.value.message
