@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+import urllib.error
+import urllib.request
 
 from embedstream.workers.runtime import build_embed_worker
 
@@ -29,3 +32,18 @@ class RunningWorker(Running):
 
     def __init__(self, settings, engine, store, lanes=("online", "bulk")):
         super().__init__(build_embed_worker(settings, lanes, store=store, engine=engine))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port: int, path: str) -> tuple[int, bytes]:
+    """A worker endpoint's status and body (error statuses too)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import threading
+import time
 import uuid
 
 import pytest
@@ -14,7 +16,7 @@ from conftest import isolated_settings, make_engine, memory_store, read_dead_let
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from fault_rig import _committed
-from worker_rig import Running, RunningWorker
+from worker_rig import Running, RunningWorker, free_port, http_get
 
 from embedstream.producers.query_client import QueryClient
 from embedstream.producers.topics import ensure_topics
@@ -27,6 +29,8 @@ from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.outbox import DEAD_LETTER_PREFIX_BYTES
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
 from embedstream.workers.serve import run_until_signalled
+from embedstream.workers.health import serve
+from embedstream.workers.runtime import build_embed_worker
 from embedstream.workers.trust import TrustSettings
 
 pytestmark = pytest.mark.kafka
@@ -241,3 +245,46 @@ def test_a_failed_forward_pass_fails_its_record_not_the_worker(kafka_bootstrap, 
     assert letter.offset == 2 and letter.error.code == "forward_failed" and "kernel failed" in letter.error.message
     assert failed_query.error is not None and failed_query.error.code == "forward_failed"
     assert good_query.error is None
+
+
+class BlockingForward:
+    """The real engine, except that a forward pass waits until released (a hung kernel, a stuck driver)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.release = threading.Event()
+
+    def forward(self, prepared, timings):
+        self.release.wait(120)
+        return self.engine.forward(prepared, timings)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_healthz_fails_while_the_loop_is_alive_but_stuck_and_recovers(kafka_bootstrap, minilm_engine):
+    """Liveness is progress: a loop stuck in one step turns /healthz 503 with the reason, an idle one does not."""
+    settings = isolated_settings(kafka_bootstrap, "stall")
+    settings.worker.stall_timeout_s = 3.0
+    ensure_topics(settings.kafka, partitions=1)
+    engine = BlockingForward(minilm_engine)
+    engine.release.set()  # the warm-up passes
+    store = memory_store()
+    port = free_port()
+    worker = build_embed_worker(settings, ("bulk",), store=store, engine=engine)
+    checks = {"joined": lambda: all(lane.joined() for lane in worker.lanes.values())}
+    with Running(worker):
+        server = serve(port, worker.metrics.registry, alive=lambda: True, checks=checks, stalled=worker.stalled)
+        try:
+            wait_for(lambda: http_get(port, "/readyz")[0] == 200, 60, "ready: the lane joined its group")
+            time.sleep(4)  # idle past the bound: no lag, so still alive
+            assert http_get(port, "/healthz")[0] == 200
+            engine.release.clear()
+            _send(settings, settings.kafka.topic_chunks_bulk, [encode(ChunkEvent(doc_id="s", chunk_id=0, text="stuck"))])
+            wait_for(lambda: http_get(port, "/healthz")[0] == 503, 30, "/healthz 503 while the step hangs")
+            assert "no loop step" in json.loads(http_get(port, "/healthz")[1])["reason"]
+            engine.release.set()
+            wait_for(lambda: store.collection_exists("docs") and store.count("docs") == 1, 60, "the chunk written")
+            wait_for(lambda: http_get(port, "/healthz")[0] == 200, 30, "/healthz 200 again")
+        finally:
+            server.shutdown()

@@ -3,26 +3,10 @@
 from __future__ import annotations
 
 import json
-import socket
-import urllib.error
-import urllib.request
 
 from embedstream.workers.health import serve
 from embedstream.workers.metrics import WorkerMetrics
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
+from worker_rig import free_port, http_get
 
 
 def test_endpoints_report_metrics_liveness_and_readiness():
@@ -33,39 +17,39 @@ def test_endpoints_report_metrics_liveness_and_readiness():
     def broken() -> bool:
         raise ConnectionError("down")
 
-    port = _free_port()
+    port = free_port()
     server = serve(port, metrics.registry, alive=lambda: True,
                    checks={"qdrant": lambda: state["qdrant"], "broker": lambda: True}, host="127.0.0.1")
     try:
-        code, body = _get(port, "/metrics")
+        code, body = http_get(port, "/metrics")
         assert code == 200 and b'embedstream_stage_duration_seconds_count{lane="online",stage="forward"} 1.0' in body
-        assert _get(port, "/healthz")[0] == 200
-        code, body = _get(port, "/readyz")
+        assert http_get(port, "/healthz")[0] == 200
+        code, body = http_get(port, "/readyz")
         assert code == 200 and json.loads(body)["ready"] is True
         state["qdrant"] = False
-        code, body = _get(port, "/readyz")
+        code, body = http_get(port, "/readyz")
         assert code == 503 and json.loads(body)["checks"] == {"qdrant": False, "broker": True}
-        assert _get(port, "/nope")[0] == 404
+        assert http_get(port, "/nope")[0] == 404
     finally:
         server.shutdown()
-    port = _free_port()
+    port = free_port()
     server = serve(port, metrics.registry, alive=lambda: False, checks={"broker": broken}, host="127.0.0.1")
     try:
-        assert _get(port, "/healthz")[0] == 503
-        assert _get(port, "/readyz")[0] == 503
+        assert http_get(port, "/healthz")[0] == 503
+        assert http_get(port, "/readyz")[0] == 503
     finally:
         server.shutdown()
 
 
 def test_healthz_fails_with_the_reason_when_the_loop_is_alive_but_stuck():
     stuck = {"reason": None}
-    port = _free_port()
+    port = free_port()
     server = serve(port, WorkerMetrics(model="m").registry, alive=lambda: True, checks={},
                    stalled=lambda: stuck["reason"])
     try:
-        assert _get(port, "/healthz") == (200, b'{"alive": true}')
+        assert http_get(port, "/healthz") == (200, b'{"alive": true}')
         stuck["reason"] = "records waiting and none taken for 130 s"
-        code, body = _get(port, "/healthz")
+        code, body = http_get(port, "/healthz")
         assert code == 503 and json.loads(body) == {"alive": False, "reason": stuck["reason"]}
     finally:
         server.shutdown()
