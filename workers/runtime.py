@@ -14,8 +14,12 @@ __all__ = ["build_embed_worker", "open_settings_store", "run_until_signalled", "
 
 
 def open_settings_store(settings: Settings):
+    """The configured store; collections it creates get the cluster options (shards, replicas, write consistency)."""
     q = settings.qdrant
-    return open_store(q.url, q.api_key.get_secret_value() if q.api_key else None, q.path)
+    store = open_store(q.url, q.api_key.get_secret_value() if q.api_key else None, q.path)
+    if hasattr(store, "collection_options"):  # a Qdrant server or cluster (the embedded store has no shards)
+        store.collection_options = q.cluster_options()
+    return store
 
 
 def sink_config_from(settings: Settings) -> SinkConfig:

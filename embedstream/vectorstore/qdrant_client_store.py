@@ -104,6 +104,7 @@ class QdrantClientStore(VectorStore):
 
     def __init__(self, client: QdrantClient) -> None:
         self.client = client
+        self.collection_options: dict = {}  # a cluster's shard_number, replication_factor, write_consistency_factor
         self._spec_cache: dict[str, tuple[float, dict[str, VectorSpec]]] = {}
         try:
             from qdrant_client.local.qdrant_local import QdrantLocal
@@ -220,6 +221,7 @@ class QdrantClientStore(VectorStore):
                         )
                         for vname, spec in wanted.items()
                     },
+                    **self.collection_options,
                 )
                 created = True
             except Exception:

@@ -94,3 +94,21 @@ def test_fleet_settings_from_the_environment(monkeypatch, tmp_path):
     assert settings.qdrant.cluster_options() == {"shard_number": 6, "replication_factor": 2}
     monkeypatch.setenv("EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID", "embed-0")
     assert Settings().kafka.instance_id() == "embed-0"
+
+
+def test_cluster_options_reach_the_collections_the_workers_create(monkeypatch, tmp_path):
+    from embedstream.vectorstore.base import VectorSpec
+    from embedstream.workers.runtime import open_settings_store
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EMBEDSTREAM_QDRANT__URL", ":memory:")
+    monkeypatch.setenv("EMBEDSTREAM_QDRANT__SHARD_NUMBER", "3")
+    monkeypatch.setenv("EMBEDSTREAM_QDRANT__REPLICATION_FACTOR", "2")
+    monkeypatch.setenv("EMBEDSTREAM_QDRANT__WRITE_CONSISTENCY_FACTOR", "2")
+    store = open_settings_store(Settings())
+    sent = {}
+    create = store.client.create_collection
+    monkeypatch.setattr(store.client, "create_collection", lambda **kw: sent.update(kw) or create(**kw))
+    assert store.ensure_collection("docs_v1", {"full": VectorSpec(4)})
+    assert {k: sent[k] for k in ("shard_number", "replication_factor", "write_consistency_factor")} == \
+        {"shard_number": 3, "replication_factor": 2, "write_consistency_factor": 2}
