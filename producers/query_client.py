@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
+from embedstream.kafka_auth import check_kafka_access
 from embedstream.producers.topics import DEFAULT_PARTITIONS, ensure_topics
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
@@ -83,6 +84,7 @@ class QueryClient:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._failure: BaseException | None = None
+        check_kafka_access(settings, timeout_s=start_timeout_s)  # no broker: KafkaAccessError now, not a 30 s bootstrap
         self._consumer = self._start_consumer(create_reply_topic, partitions, start_timeout_s)
         try:
             self._producer = KafkaProducer(

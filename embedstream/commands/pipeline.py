@@ -67,7 +67,7 @@ def query(
 
     settings = Settings()
     logs.configure(json=settings.log_json)
-    with QueryClient(settings.kafka) as client:
+    with QueryClient(settings.kafka, start_timeout_s=timeout) as client:
         reply = client.embed(text, model=model, dimensions=dimensions, dtype=dtype, timeout_s=timeout)
     out = reply.model_dump()
     if reply.embedding is not None:
