@@ -192,7 +192,7 @@ class WorkerSettings(BaseModel):
         description="/healthz turns 503 when the loop took no step this long, or records wait while nothing was taken",
     )
     join_timeout_s: float = Field(
-        default=60.0, gt=0,
+        default=120.0, gt=0,
         description="A lane subscribed this long without partitions while its topics exist gets a new consumer",
     )
     access_check_timeout_s: float = Field(
