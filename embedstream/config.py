@@ -192,8 +192,8 @@ class WorkerSettings(BaseModel):
         description="/healthz turns 503 when the loop took no step this long, or records wait while nothing was taken",
     )
     join_timeout_s: float = Field(
-        default=120.0, gt=0,
-        description="A lane subscribed this long without partitions while its topics exist gets a new consumer",
+        default=30.0, gt=0,
+        description="A lane whose group coordinator stays unknown this long while the broker answers gets a new consumer",
     )
     access_check_timeout_s: float = Field(
         default=10.0, gt=0, description="Start-up: the bounded login and topic check before any consumer is built"

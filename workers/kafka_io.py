@@ -105,6 +105,14 @@ def group_joined(consumer) -> bool:
         return bool(consumer.assignment())
 
 
+def coordinator_unknown(consumer) -> bool:
+    """True while the consumer knows no live coordinator for its group (False when it cannot tell)."""
+    try:
+        return consumer._coordinator.coordinator_unknown()
+    except AttributeError:
+        return False
+
+
 def subscribe(consumer, topics: list[str], listener) -> None:
     """Subscribe (every topic exists: ``Lane.poll`` waits), then load the topics' metadata before the first join.
 

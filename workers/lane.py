@@ -20,8 +20,8 @@ from kafka.errors import KafkaError
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.schemas import ErrorInfo
-from embedstream.workers.kafka_io import (broker_reachable, commit_finished, group_joined, missing_topics, new_consumer,
-                                          subscribe)
+from embedstream.workers.kafka_io import (broker_reachable, commit_finished, coordinator_unknown, group_joined,
+                                          missing_topics, new_consumer, subscribe)
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.outbox import Outbox
 from embedstream.workers.scheduler import WorkQueue
@@ -55,7 +55,7 @@ class Lane:
 
     def __init__(self, name: str, kafka: KafkaSettings, topics: list[str], group: str, outbox: Outbox, *,
                  worker_id: str, max_poll_records: int, full: Callable[[WorkQueue], bool] = lambda _q: False,
-                 flush_timeout_s: float = 30.0, join_timeout_s: float = 120.0, **consumer_extra):
+                 flush_timeout_s: float = 30.0, join_timeout_s: float = 30.0, **consumer_extra):
         self.name = name
         self.topics = topics
         self.outbox = outbox
@@ -69,7 +69,8 @@ class Lane:
                                                   **consumer_extra)
         self.consumer = self._new_consumer()
         self.subscribed_at: float | None = None  # subscribing waits until every topic exists (see poll)
-        self.joined_once = False
+        self._lost_since: float | None = None
+        self.rebuilds = 0  # consumers replaced by the join watchdog
         self.last_lag = 0
         self._next_topic_check = 0.0
         self._next_wait_log = 0.0
@@ -106,23 +107,31 @@ class Lane:
         return True
 
     def _watch_join(self) -> None:
-        """A lane subscribed ``join_timeout_s`` ago that never joined its group: rebuild its consumer."""
-        if self.joined_once:
+        """A lane whose group coordinator stayed unknown ``join_timeout_s`` while a broker answers: new consumer.
+
+        kafka-python 3.0.12 can livelock there (each poll looks the coordinator up, finds its connection
+        down and in reconnect backoff, drops it, looks again): seen at start-up with late topics and
+        after a join, the member evicted and the lane idle for good. A rebalance is not this state."""
+        if not coordinator_unknown(self.consumer) or not self.reachable():
+            self._lost_since = None
             return
-        if self.joined():
-            self.joined_once = True
+        now = time.monotonic()
+        if self._lost_since is None:
+            self._lost_since = now
+        if now - self._lost_since < self.join_timeout_s:
             return
-        if time.monotonic() - self.subscribed_at < self.join_timeout_s:
-            return
-        log.warning("consumer never joined its group; rebuilding it", lane=self.name, waited_s=self.join_timeout_s)
+        log.warning("group coordinator unknown too long; rebuilding the consumer", lane=self.name,
+                    waited_s=round(now - self._lost_since))
+        self.drop({(tp.topic, tp.partition) for tp in self.consumer.assignment()})
         try:
             self.consumer.close(autocommit=False)
         except Exception as exc:  # noqa: BLE001 - the old consumer is abandoned either way
             log.warning("closing the stuck consumer failed", lane=self.name, error=str(exc)[:300])
         self.consumer = self._new_consumer()
-        self.subscribed_at = None
+        self.subscribed_at = self._lost_since = None
         self._next_topic_check = 0.0
         self.paused = False
+        self.rebuilds += 1
 
     def joined(self) -> bool:
         """Subscribed and a stable member of its group (it may hold no partition: more members than partitions)."""

@@ -348,3 +348,30 @@ def test_cdc_change_the_chunk_lane_refuses_is_dead_lettered_and_the_bridge_carri
     assert final == expected_state(table, small_chunker, ("title", "body"), _relational_meta)
     assert letter.error.code == "write_rejected" and "MessageSizeTooLargeError" in letter.error.message
     assert letter.raw_bytes() == raw(refused) and letter.source_topic == rig.topic
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(420)
+def test_a_change_the_broker_refuses_costs_that_change_only(kafka_bootstrap, minilm_engine, small_chunker):
+    """The broker itself refuses one change's chunks (over the chunk topic's max.message.bytes): that change is
+    dead-lettered, and the bridge's producer still publishes the changes after it."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    rig = Rig(kafka_bootstrap, minilm_engine, "cdcbroker", CONFIG, small_chunker)
+    admin = KafkaAdminClient(**rig.settings.kafka.client_kwargs())
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, rig.settings.kafka.topic_chunks_online,
+                                        configs={"max.message.bytes": str(32 * 1024)})])
+    admin.close()
+    table = {str(i): row(i, f"Good {i}", _body(i, 2)) for i in (40, 41)}
+    refused = envelope("c", after=row(42, "Huge metadata", _body(42, 1), lang="x" * 60_000))
+    with rig:
+        rig.send(key(40), envelope("c", after=table["40"]))
+        rig.send(key(42), refused)
+        rig.send(key(41), envelope("c", after=table["41"]))
+        rig.settle()
+        (letter,) = read_dead_letters(rig.settings, 1)
+        final = rig.state()
+        assert rig.bridge.failure is None
+    assert final == expected_state(table, small_chunker, ("title", "body"), _relational_meta)
+    assert letter.error.code == "write_rejected" and "MessageSizeTooLarge" in letter.error.message
+    assert letter.raw_bytes() == raw(refused)
