@@ -66,3 +66,29 @@ def test_the_cdc_bridge_consumes_a_topic_created_after_it_started(kafka_bootstra
             wait_for(lambda: bridge.metrics.events.labels(op="c")._value.get() == 3, 90,
                      f"round {round_} (topic after {delay} s): every change applied")
             assert bridge.failure is None
+
+
+def test_a_lane_whose_coordinator_stays_unknown_gets_a_new_consumer_and_goes_on(kafka_bootstrap, minilm_engine,
+                                                                              monkeypatch):
+    """The join watchdog: kafka-python 3.0.12 was seen livelocked looking up its group coordinator (the member
+    evicted, the lane idle for good). Here the first consumer reports that state; after JOIN_TIMEOUT_S the
+    lane has a new consumer, which joins and consumes."""
+    import embedstream.workers.lane as lane_module
+
+    settings = isolated_settings(kafka_bootstrap, "watchdog")
+    settings.worker.join_timeout_s = 2.0
+    ensure_topics(settings.kafka, partitions=1)
+    store = memory_store()
+    with RunningWorker(settings, minilm_engine, store, lanes=("bulk",)) as worker:
+        lane = worker.lanes["bulk"]
+        wait_for(lambda: lane.joined(), 60, "the first consumer joined")
+        stuck = lane.consumer
+        real = lane_module.coordinator_unknown
+        monkeypatch.setattr(lane_module, "coordinator_unknown", lambda consumer: consumer is stuck or real(consumer))
+        wait_for(lambda: lane.rebuilds == 1 and lane.consumer is not stuck, 60, "the consumer rebuilt")
+        producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
+        for i in range(3):
+            producer.send(settings.kafka.topic_chunks_bulk, value=encode(ChunkEvent(doc_id=f"w{i}", chunk_id=0, text=f"c {i}")))
+        producer.close()
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == 3, 90, "chunks after the rebuild")
+        assert lane.rebuilds == 1 and worker.failure is None
