@@ -178,7 +178,10 @@ class StaticInt8Linear:
         x = x.float().contiguous() if self.inverse_smooth is None else x.float() * self.inverse_smooth
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.quantize_per_tensor(x, self.x_scale, self.x_zero_point, torch.quint8).int_repr()
+            q = torch.quantize_per_tensor(x, self.x_scale, self.x_zero_point, torch.quint8)
+        # The codes as a plain uint8 tensor over the same storage: int_repr() would copy them (a
+        # profiled 6.5% of the int8 forward at 2 threads).
+        return torch.empty(0, dtype=torch.uint8).set_(q.untyped_storage(), 0, q.shape, q.stride())
 
     def __call__(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
         attr, algorithm, _ = ACTIVATIONS[activation] if activation else ("none", "", None)
