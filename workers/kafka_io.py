@@ -6,6 +6,8 @@ these; they hold what kafka-python needs said the same way in every worker.
 
 from __future__ import annotations
 
+import socket
+
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
@@ -23,8 +25,12 @@ def new_producer(kafka: KafkaSettings) -> KafkaProducer:
     Not idempotent: kafka-python 3.0.12's idempotent producer turns any non-retriable batch error
     into a fatal state and fails every later send (found by a reply the broker refused as too large
     for its topic: every reply and dead letter after it failed too). Replies and dead letters need
-    no ordering or exactly-once: a duplicate is harmless, a dead producer stops the worker."""
-    return KafkaProducer(**kafka.client_kwargs(), acks="all", linger_ms=0, retries=5, enable_idempotence=False)
+    no ordering or exactly-once: a duplicate is harmless, a dead producer stops the worker.
+    ``max_block_ms`` 5 s (default 60 s): a send to a reply topic the broker does not have (and will not
+    auto-create) waits that long for metadata, then fails as ``reply_failed``; one such request must not
+    hold the loop for a minute."""
+    return KafkaProducer(**kafka.client_kwargs(), acks="all", linger_ms=0, retries=5, enable_idempotence=False,
+                         max_block_ms=5_000)
 
 
 def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int, **extra) -> KafkaConsumer:
@@ -63,6 +69,18 @@ def broker_reachable(consumer) -> bool:
         return any(client.connected(getattr(b, "node_id", None) if hasattr(b, "node_id") else b.nodeId) for b in brokers)
     except Exception:  # noqa: BLE001 - another client version: fall back to the public call
         return bool(consumer.bootstrap_connected())
+
+
+def broker_listening(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
+    """True when some bootstrap address accepts a TCP connection (independent of any client's state)."""
+    for address in bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port or 9092)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **context) -> None:

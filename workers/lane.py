@@ -20,8 +20,8 @@ from kafka.errors import KafkaError
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.schemas import ErrorInfo
-from embedstream.workers.kafka_io import (broker_reachable, commit_finished, coordinator_unknown, group_joined,
-                                          missing_topics, new_consumer, subscribe)
+from embedstream.workers.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
+                                          group_joined, missing_topics, new_consumer, subscribe)
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.outbox import Outbox
 from embedstream.workers.scheduler import WorkQueue
@@ -65,6 +65,7 @@ class Lane:
         self._full = full
         self.flush_timeout_s = flush_timeout_s
         self.join_timeout_s = join_timeout_s
+        self.bootstrap_servers = kafka.bootstrap_servers
         self._new_consumer = lambda: new_consumer(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records,
                                                   **consumer_extra)
         self.consumer = self._new_consumer()
@@ -81,8 +82,8 @@ class Lane:
 
         Not subscribed until every topic of the lane exists: kafka-python 3.0.12 can hang for good in
         its coordinator lookup when a subscribed topic appears while the group is joining (4 of 12
-        fresh starts never consumed; 0 of 8 with the topics there first). A lane that then never
-        joins within ``join_timeout_s`` gets a new consumer (the join watchdog)."""
+        fresh starts never consumed; 0 of 8 with the topics there first). A lane whose coordinator
+        stays unknown for ``join_timeout_s`` gets a new consumer (the join watchdog)."""
         if self.subscribed_at is None and not self._subscribe_when_topics_exist():
             time.sleep(max(timeout_ms, 50) / 1000)
             return []
@@ -107,18 +108,22 @@ class Lane:
         return True
 
     def _watch_join(self) -> None:
-        """A lane whose group coordinator stayed unknown ``join_timeout_s`` while a broker answers: new consumer.
+        """A lane whose group coordinator stayed unknown ``join_timeout_s`` while a broker listens: new consumer.
 
         kafka-python 3.0.12 can livelock there (each poll looks the coordinator up, finds its connection
-        down and in reconnect backoff, drops it, looks again): seen at start-up with late topics and
-        after a join, the member evicted and the lane idle for good. A rebalance is not this state."""
-        if not coordinator_unknown(self.consumer) or not self.reachable():
+        down and in reconnect backoff, drops it, looks again; its own connections then read as down, so
+        the probe is a plain TCP connect): seen at start-up with late topics, and on a loaded host after a
+        join, the member evicted and the lane idle for good. A rebalance is not this state."""
+        if not coordinator_unknown(self.consumer):
             self._lost_since = None
             return
         now = time.monotonic()
         if self._lost_since is None:
             self._lost_since = now
         if now - self._lost_since < self.join_timeout_s:
+            return
+        if not broker_listening(self.bootstrap_servers):  # an outage, not a stuck client: look again later
+            self._lost_since = now
             return
         log.warning("group coordinator unknown too long; rebuilding the consumer", lane=self.name,
                     waited_s=round(now - self._lost_since))

@@ -328,6 +328,22 @@ class RefusingPublisher:
         return getattr(self.publisher, name)
 
 
+def _one_refused_between_good_ones(rig, table: dict, refused: tuple, chunker):
+    """Send the first good change, the refused one, the second good one; the bridge goes on: the table is
+    indexed exactly and one dead letter is written, which is returned."""
+    (first, second), (refused_id, refused_value) = sorted(table), refused
+    with rig:
+        rig.send(key(int(first)), envelope("c", after=table[first]))
+        rig.send(key(refused_id), refused_value)
+        rig.send(key(int(second)), envelope("c", after=table[second]))
+        rig.settle()
+        (letter,) = read_dead_letters(rig.settings, 1)
+        final = rig.state()
+        assert rig.bridge.failure is None
+    assert final == expected_state(table, chunker, ("title", "body"), _relational_meta)
+    return letter
+
+
 @pytest.mark.kafka
 @pytest.mark.timeout(420)
 def test_cdc_change_the_chunk_lane_refuses_is_dead_lettered_and_the_bridge_carries_on(kafka_bootstrap, minilm_engine,
@@ -337,15 +353,7 @@ def test_cdc_change_the_chunk_lane_refuses_is_dead_lettered_and_the_bridge_carri
     table = {str(i): row(i, f"Good {i}", _body(i, 2)) for i in (30, 31)}
     refused = envelope("c", after=row(32, "Too large", _body(32, 2)))
     rig.bridge.publisher = RefusingPublisher(rig.bridge.publisher, refused_doc="32")
-    with rig:
-        rig.send(key(30), envelope("c", after=table["30"]))
-        rig.send(key(32), refused)
-        rig.send(key(31), envelope("c", after=table["31"]))
-        rig.settle()
-        (letter,) = read_dead_letters(rig.settings, 1)
-        final = rig.state()
-        assert rig.bridge.failure is None
-    assert final == expected_state(table, small_chunker, ("title", "body"), _relational_meta)
+    letter = _one_refused_between_good_ones(rig, table, (32, refused), small_chunker)
     assert letter.error.code == "write_rejected" and "MessageSizeTooLargeError" in letter.error.message
     assert letter.raw_bytes() == raw(refused) and letter.source_topic == rig.topic
 
@@ -364,14 +372,6 @@ def test_a_change_the_broker_refuses_costs_that_change_only(kafka_bootstrap, min
     admin.close()
     table = {str(i): row(i, f"Good {i}", _body(i, 2)) for i in (40, 41)}
     refused = envelope("c", after=row(42, "Huge metadata", _body(42, 1), lang="x" * 60_000))
-    with rig:
-        rig.send(key(40), envelope("c", after=table["40"]))
-        rig.send(key(42), refused)
-        rig.send(key(41), envelope("c", after=table["41"]))
-        rig.settle()
-        (letter,) = read_dead_letters(rig.settings, 1)
-        final = rig.state()
-        assert rig.bridge.failure is None
-    assert final == expected_state(table, small_chunker, ("title", "body"), _relational_meta)
+    letter = _one_refused_between_good_ones(rig, table, (42, refused), small_chunker)
     assert letter.error.code == "write_rejected" and "MessageSizeTooLarge" in letter.error.message
     assert letter.raw_bytes() == raw(refused)
