@@ -42,8 +42,8 @@ def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_reco
         auto_offset_reset="earliest",
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,
         max_poll_records=max_poll_records,
-        # Every record the worker accepts (and every larger one it must dead-letter) fits one partition
-        # fetch: with kafka-python's 1 MiB default a 1.05 MB record stalled its lane for good (fuzz test).
+        # Records up to twice the worker's own limit come in one partition fetch (brokers since KIP-74
+        # return an oversized first batch anyway; this keeps big records from being fetched one at a time).
         max_partition_fetch_bytes=max(1 << 20, 2 * kafka.max_record_bytes),
         client_id=client_id,
         # A group joined before its topics' metadata arrived gets an empty assignment until
