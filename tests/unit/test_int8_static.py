@@ -43,6 +43,9 @@ def test_static_int8_linear_matches_float32_with_its_epilogues():
         into = residual.clone()
         layer.add_into(into, x)
         assert _rel_err(into, exact + residual) < 2e-2
+    to_bf16 = StaticInt8Linear(weight, bias, x.amin(0), x.amax(0), out_dtype=torch.bfloat16)
+    out = to_bf16(x, "gelu")
+    assert out.dtype == torch.bfloat16 and _rel_err(out, torch.nn.functional.gelu(exact)) < 3e-2
 
 
 def test_smoothing_absorbs_an_outlier_channel():

@@ -96,7 +96,10 @@ class PackedBertEncoder:
             alpha = INT8_SMOOTH_ALPHA[name.rsplit(".", 1)[-1]]
             if alpha is None:
                 return make_linear(t(weight), t(bias), float_kept)
-            return StaticInt8Linear(t(weight), t(bias), *calibration[name], smooth_alpha=alpha)
+            kind = name.rsplit(".", 1)[-1]
+            feeds_float = kind == "up" and INT8_SMOOTH_ALPHA["down"] is None and float_kept == "bfloat16"
+            return StaticInt8Linear(t(weight), t(bias), *calibration[name], smooth_alpha=alpha,
+                                    out_dtype=torch.bfloat16 if feeds_float else torch.float32)
 
         self.intermediate = config.intermediate_size
         self.layers: list[_Layer] = []

@@ -153,7 +153,10 @@ class StaticInt8Linear:
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, x_min: torch.Tensor, x_max: torch.Tensor,
-                 smooth_alpha: float | None = 0.5):
+                 smooth_alpha: float | None = 0.5, out_dtype: torch.dtype = torch.float32):
+        """``out_dtype`` bf16 when the next layer is a bf16 GEMM: oneDNN writes bf16 itself, which saves
+        that layer a cast pass over the (widest, [T, intermediate]) activation."""
+        self.out_dtype = out_dtype
         weight = weight.detach().float().cpu()
         x_min, x_max = x_min.float(), x_max.float()
         smooth = None
@@ -187,7 +190,7 @@ class StaticInt8Linear:
         attr, algorithm, _ = ACTIVATIONS[activation] if activation else ("none", "", None)
         return torch.ops.onednn.qlinear_pointwise(
             self.quantize(x), self.x_scale, self.x_zero_point, self.packed, self.w_scales, self.w_zero_points,
-            self.bias, 1.0, 0, torch.float32, attr, [], algorithm or "none",
+            self.bias, 1.0, 0, self.out_dtype, attr, [], algorithm or "none",
         )
 
     def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
