@@ -63,7 +63,8 @@ class EngineSettings(BaseModel):
         description="auto: exact float32 on CPU, bf16 on CUDA; fast: bf16 wherever the hardware computes it "
         "natively (CUDA, CPUs with AVX512-BF16/AMX), float32 elsewhere (the online lane's choice: min cos 0.99997 "
         "to float32); bfloat16: fast on CPUs with AVX512-BF16/AMX, emulated elsewhere; "
-        "int8: dynamic quantization on CPU (per-channel weights; approximate, see bench engine's min cos)",
+        "int8: CPU only; static (calibrated once per model, cached) on BERT-family encoders, dynamic on "
+        "decoders (approximate, see bench engine's min cos)",
     )
     max_text_bytes: int = Field(
         default=1_000_000, ge=1, description="Refuse a text (or query, passage) above this many UTF-8 bytes before tokenizing"
