@@ -110,9 +110,17 @@ def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **co
         tracker.retry({(tp.topic, tp.partition): meta.offset for tp, meta in commit.items()})
 
 
-def missing_topics(consumer, topics: list[str]) -> list[str]:
-    """The topics the broker does not list (yet); one metadata round trip when any is not cached."""
-    return [topic for topic in topics if not consumer.partitions_for_topic(topic)]
+def missing_topics(kafka: KafkaSettings, topics: list[str]) -> list[str]:
+    """The topics the broker does not list (yet), asked by a throwaway client.
+
+    Not the lane's own consumer: metadata it loads before subscribing makes its first metadata
+    refresh force a second rebalance right after the first join, and with it the lane stalled in
+    sequences of broker tests (kafka-python 3.0.12)."""
+    probe = KafkaConsumer(**kafka.client_kwargs(), client_id="embedstream-topic-probe")
+    try:
+        return [topic for topic in topics if not probe.partitions_for_topic(topic)]
+    finally:
+        probe.close()
 
 
 def group_joined(consumer) -> bool:

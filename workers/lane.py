@@ -65,6 +65,7 @@ class Lane:
         self._full = full
         self.flush_timeout_s = flush_timeout_s
         self.join_timeout_s = join_timeout_s
+        self.kafka = kafka
         self.bootstrap_servers = kafka.bootstrap_servers
         self._new_consumer = lambda: new_consumer(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records,
                                                   **consumer_extra)
@@ -97,7 +98,7 @@ class Lane:
         if now < self._next_topic_check:
             return False
         self._next_topic_check = now + 1.0
-        missing = missing_topics(self.consumer, self.topics)
+        missing = missing_topics(self.kafka, self.topics)
         if missing:
             if now >= self._next_wait_log:
                 log.warning("waiting for topics before subscribing", lane=self.name, missing=missing)
