@@ -24,7 +24,6 @@ from embedstream.devkafka.layout import default_data_dir
 from embedstream.devkafka.probe import broker_answers
 from embedstream.devkafka.process import port_free
 
-_port_free = port_free  # the name tests/slow/test_faults.py uses
 
 __all__ = [
     "BrokerInfo",

@@ -1,8 +1,7 @@
 """Output forms of an embedding: the request checks and the quantisers the output head ends with.
 
 The order of the head's steps is :mod:`embedstream.engine.head`'s; normalisation, Matryoshka
-truncation and the int8 codec are the stored-vector layout's (:mod:`embedstream.vectors`), named
-here too for callers of the output forms (``l2_normalize``, ``truncate``).
+truncation and the int8 codec are the stored-vector layout's (:mod:`embedstream.vectors`).
 """
 
 from __future__ import annotations
@@ -13,12 +12,10 @@ from typing import Literal
 import numpy as np
 
 from embedstream.engine.errors import EngineError
-from embedstream.vectors import int8_decode, int8_encode, l2_normalize
-from embedstream.vectors import matryoshka_cut as truncate
+from embedstream.vectors import int8_decode, int8_encode
 
 __all__ = [
-    "OUTPUT_DTYPES", "OutputDType", "Quantized", "check_dimensions", "check_dtype", "dequantize", "l2_normalize",
-    "quantize", "truncate",
+    "OUTPUT_DTYPES", "OutputDType", "Quantized", "check_dimensions", "check_dtype", "dequantize", "quantize",
 ]
 
 OutputDType = Literal["float32", "float16", "int8", "binary"]

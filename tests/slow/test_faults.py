@@ -118,7 +118,7 @@ def own_broker(tmp_path):
     port = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_RESTART_PORT", "0"))
     if not port:
         port = next(p for p in range(19392, 19792, 2)
-                    if devkafka._port_free("127.0.0.1", p) and devkafka._port_free("127.0.0.1", p + 1))
+                    if devkafka.port_free("127.0.0.1", p) and devkafka.port_free("127.0.0.1", p + 1))
     data_dir = str(tmp_path / "kafka-restart")
     info = devkafka.start(port=port, data_dir=data_dir)
     yield port, data_dir, info.bootstrap
