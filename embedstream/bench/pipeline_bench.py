@@ -52,6 +52,9 @@ def _env(settings: Settings, prefix: str, store_url: str | None, collection: str
         "EMBEDSTREAM_KAFKA__TOPIC_CHUNKS_ONLINE": k.topic_chunks_online,
         "EMBEDSTREAM_KAFKA__TOPIC_CHUNKS_BULK": k.topic_chunks_bulk,
         "EMBEDSTREAM_KAFKA__TOPIC_QUERIES": k.topic_queries,
+        # The workers trust reply topics named after their replies topic (workers/trust.py): without
+        # it a bench's reply_to would be refused (dead-lettered, never answered).
+        "EMBEDSTREAM_KAFKA__TOPIC_REPLIES": k.topic_replies,
         "EMBEDSTREAM_KAFKA__TOPIC_DEAD_LETTERS": k.topic_dead_letters,
         "EMBEDSTREAM_KAFKA__GROUP_ONLINE": f"{prefix}-online",
         "EMBEDSTREAM_KAFKA__GROUP_BULK": f"{prefix}-bulk",
