@@ -1,0 +1,199 @@
+"""The admission controller with a synthetic compute-time model and a fake clock (no Kafka, no engine)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from embedstream.config import Settings, WorkerSettings
+from embedstream.workers.admission import (DEADLINE_PAST, EXPIRED_IN_QUEUE, PREDICTED_LATE, AdmissionConfig,
+                                           ComputeModel, Deadlines, LaneController)
+
+
+class Clock:
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def synthetic_ms(tokens: int, rng: random.Random) -> float:
+    """The host's measured shape: about 3 ms per pass + 0.16 ms per token, with +-10% noise."""
+    return (3.0 + 0.16 * tokens) * rng.uniform(0.9, 1.1)
+
+
+def trained(controller: LaneController, passes: int = 60, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    for _ in range(passes):
+        tokens = rng.randint(10, 400)
+        controller.model.observe(tokens, synthetic_ms(tokens, rng))
+
+
+def controller(policy: str = "aimd", clock: Clock | None = None, **config) -> LaneController:
+    return LaneController("online", AdmissionConfig(policy=policy, **config), clock=clock or Clock())
+
+
+def test_prediction_tracks_the_synthetic_model_and_follows_a_drift():
+    rng = random.Random(7)
+    model = ComputeModel()
+    assert model.predict(100) == 0.0  # nothing seen: no guess
+    for _ in range(200):
+        tokens = rng.randint(10, 800)
+        model.observe(tokens, synthetic_ms(tokens, rng))
+    a, b = model.coefficients()
+    assert a == pytest.approx(3.0, abs=1.0) and b == pytest.approx(0.16, rel=0.1)
+    assert model.predict(500) == pytest.approx(83.0, rel=0.1)
+    for _ in range(200):  # the host gets twice as slow: the recent passes win
+        tokens = rng.randint(10, 800)
+        model.observe(tokens, 2 * synthetic_ms(tokens, rng))
+    assert model.predict(500) == pytest.approx(166.0, rel=0.1)
+    assert model.predict(1000, max_pass_tokens=500) == pytest.approx(2 * model.predict(500), rel=0.01)
+
+
+def test_one_token_count_only_gives_a_proportional_fit():
+    model = ComputeModel()
+    for _ in range(5):
+        model.observe(20, 6.0)
+    assert model.predict(20) == pytest.approx(6.0) and model.predict(40) == pytest.approx(12.0)
+
+
+def test_the_window_shrinks_when_the_p95_exceeds_the_target():
+    clock = Clock()
+    c = controller(clock=clock, target_ms=30, max_window_ms=10)
+    c.window_ms = 8.0
+    for _ in range(20):
+        c.observed_latency(45.0)
+    widths = [c.window_ms]
+    for _ in range(6):
+        clock.now += 0.2
+        c.observed_pass(100, 19.0)
+        widths.append(c.window_ms)
+    assert all(later < earlier or later == 0 for earlier, later in zip(widths, widths[1:]))
+    assert widths[-1] == 0.0
+
+
+def test_the_window_grows_with_slack_up_to_its_bound():
+    clock = Clock()
+    c = controller(clock=clock, target_ms=30, max_window_ms=4)
+    for _ in range(20):
+        c.observed_latency(6.0)
+    widths = []
+    for _ in range(20):
+        clock.now += 0.01
+        c.observed_pass(20, 6.0)
+        widths.append(c.window_ms)
+    assert widths[0] > 0 and widths == sorted(widths) and widths[-1] == 4.0
+
+
+def test_the_window_holds_between_slack_and_the_target():
+    clock = Clock()
+    c = controller(clock=clock, target_ms=30)
+    c.window_ms = 3.0
+    for _ in range(20):
+        c.observed_latency(20.0)  # between 0.5 and 0.8 of the target
+    c.observed_pass(20, 6.0)
+    assert c.window_ms == 3.0
+
+
+@pytest.mark.parametrize("policy", ["aimd", "deadline", "fixed"])
+def test_the_wait_never_exceeds_the_remaining_deadline_budget(policy):
+    clock = Clock()
+    rng = random.Random(3)
+    c = controller(policy, clock=clock, target_ms=30, max_window_ms=10, fixed_window_ms=10, reply_allowance_ms=2)
+    trained(c)
+    c.window_ms = 10.0
+    for _ in range(300):
+        received = clock.now
+        c.arrived(received, rng.randint(1, 4))
+        queued = rng.randint(1, 300)
+        deadline = received + rng.uniform(-0.01, 0.05)
+        until = c.wait_until(received, deadline, queued)
+        budget_end = deadline - (c.model.predict(queued) + 2) / 1000
+        assert received <= until <= max(received, budget_end) + 1e-12
+        assert until <= received + 0.010 + 1e-12
+        clock.now += rng.uniform(0.0005, 0.003)
+
+
+def test_a_lone_request_does_not_wait_and_a_burst_does():
+    clock = Clock()
+    c = controller(clock=clock, max_window_ms=5)
+    c.window_ms = 5.0
+    c.arrived(clock.now, 1)
+    assert c.wait_until(clock.now) == clock.now
+    c.arrived(clock.now + 0.001, 4)
+    assert c.wait_until(clock.now + 0.001) == pytest.approx(clock.now + 0.006)
+
+
+def test_deadline_policy_waits_while_the_oldest_still_meets_the_target():
+    clock = Clock()
+    c = controller("deadline", clock=clock, target_ms=30, max_window_ms=50, reply_allowance_ms=2)
+    for _ in range(10):
+        c.model.observe(20, 6.0)  # 0.3 ms per token, proportional
+    c.arrived(clock.now, 4)
+    until = c.wait_until(clock.now, None, queued_tokens=20)
+    assert (until - clock.now) * 1000 == pytest.approx(0.92 * 30 - 6.0 - 2, abs=1e-6)
+
+
+def test_bad_deadlines_have_a_clear_outcome():
+    config = AdmissionConfig(default_deadline_ms=5000, max_request_age_ms=60000)
+    c = controller(default_deadline_ms=5000, max_request_age_ms=60000)
+    now = 1_700_000_000_000
+    assert c.refuse_on_arrival(now - 1, now) == DEADLINE_PAST  # past: refused at once
+    assert c.refuse_on_arrival(now + 10, now) is None and c.refuse_on_arrival(None, now) is None
+    deadlines = Deadlines(config)
+    assert deadlines.effective(None, now) == now + 5000  # missing: the default
+    assert deadlines.effective(now + 10 * 365 * 86400 * 1000, now) == now + 60000  # years ahead: capped
+    assert deadlines.effective(now + 100, now) == now + 100
+    assert c.shed[DEADLINE_PAST] == 1
+
+
+def test_a_request_that_cannot_finish_in_time_is_shed_before_compute():
+    c = controller(target_ms=30, reply_allowance_ms=2)
+    now = 1_700_000_000_000
+    assert c.late(now + 20, now, tokens_ahead=0, tokens=20) is None  # no pass seen yet: nothing shed on a guess
+    trained(c)
+    assert c.late(now + 30, now, tokens_ahead=0, tokens=20) is None  # ~6 ms of work: fits
+    assert c.late(now + 30, now, tokens_ahead=400, tokens=20) == PREDICTED_LATE  # ~70 ms queued ahead of it
+    assert c.late(now - 1, now, 0, 20) == EXPIRED_IN_QUEUE
+    assert c.shed == {PREDICTED_LATE: 1, EXPIRED_IN_QUEUE: 1}
+
+
+def test_fixed_policy_does_not_shed_on_predictions():
+    c = controller("fixed")
+    trained(c)
+    now = 1_700_000_000_000
+    assert c.late(now + 5, now, tokens_ahead=4000, tokens=20) is None
+    assert c.late(now - 5, now, 0, 20) == EXPIRED_IN_QUEUE
+
+
+def test_risk_and_the_bulk_slice_that_fits_beside_a_query():
+    c = controller(target_ms=30, reply_allowance_ms=2)
+    assert not c.at_risk() and c.pass_tokens_beside(20) == 0
+    trained(c)
+    fit = c.pass_tokens_beside(20)
+    assert 0 < fit and c.model.predict(fit) + c.model.predict(20) <= 30
+    for _ in range(20):
+        c.observed_latency(28.0)
+    assert c.at_risk() and not c.slack()
+
+
+@pytest.mark.parametrize("field", ["batch_window_ms", "latency_target_ms", "max_window_ms", "default_deadline_ms",
+                                   "max_request_age_ms"])
+def test_a_negative_setting_is_refused_at_start_naming_it(monkeypatch, field):
+    monkeypatch.setenv(f"EMBEDSTREAM_WORKER__{field.upper()}", "-5")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert field in str(refused.value) and "greater than" in str(refused.value)
+
+
+def test_an_unknown_policy_or_negative_config_is_refused():
+    with pytest.raises(ValidationError):
+        WorkerSettings(admission_policy="guess")
+    with pytest.raises(ValueError, match="target_ms"):
+        AdmissionConfig(target_ms=-1)
+    with pytest.raises(ValueError, match="policy"):
+        AdmissionConfig(policy="guess")
+    assert AdmissionConfig.from_settings(WorkerSettings(latency_target_ms=25)).target_ms == 25
