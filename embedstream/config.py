@@ -155,6 +155,30 @@ class WorkerSettings(BaseModel):
         default=2.0, ge=0,
         description="Max wait to grow an online (or rerank) batch; it opens only while requests arrive densely",
     )
+    latency_target_ms: float = Field(
+        default=30.0, gt=0, description="Online lanes (queries, online chunks, rerank, search): the p95 the admission "
+                                        "controller steers the batching window and bulk slices by"
+    )
+    rerank_latency_target_ms: float | None = Field(
+        default=None, gt=0, description="p95 target of the rerank and search lanes (None: latency_target_ms)"
+    )
+    admission_policy: Literal["aimd", "deadline", "fixed"] = Field(
+        default="aimd", description="Online window: aimd (follows the observed p95), deadline (the target budget), "
+                                    "fixed (batch_window_ms while arrivals are dense, no predictive shedding)"
+    )
+    max_window_ms: float = Field(default=10.0, ge=0, description="Longest batching window the controller may open")
+    default_deadline_ms: float = Field(
+        default=5000.0, gt=0, description="Deadline given to an online request that carries none"
+    )
+    max_request_age_ms: float = Field(
+        default=60000.0, gt=0, description="A request's deadline is capped to this long after it is seen"
+    )
+    reply_allowance_ms: float = Field(
+        default=2.0, ge=0, description="Time kept for the reply's trip when judging whether a request can meet its deadline"
+    )
+    shed_predicted: bool = Field(
+        default=True, description="Answer deadline_exceeded at once to requests predicted to miss their deadline"
+    )
     bulk_slice_tokens: int = Field(
         default=1024, ge=1, description="Bulk batch cap while online traffic is recent (a query never waits long)"
     )

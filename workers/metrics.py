@@ -42,6 +42,21 @@ class WorkerMetrics:
                                         "Chunks not embedded again: their point already holds the same content hash, "
                                         "model and metadata", ["lane"], registry=r)
 
+        # Admission control (workers/admission.py): the window, predicted vs observed pass, queue age, shed requests.
+        self.window_ms = Gauge("embedstream_batching_window_ms", "Batching window the lane's controller allows now",
+                               ["lane"], registry=r)
+        self.pass_ms = Histogram("embedstream_pass_compute_seconds", "A pass's compute time, predicted before and "
+                                 "observed after", ["lane", "kind"], buckets=_MS_BUCKETS, registry=r)
+        self.queue_age = Gauge("embedstream_queue_oldest_age_seconds", "Age of the oldest request when its batch formed",
+                               ["lane"], registry=r)
+        self.shed = Counter("embedstream_shed_total", "Requests answered deadline_exceeded without compute",
+                            ["lane", "reason"], registry=r)
+
+    def observe_pass(self, lane: str, window_ms: float, predicted_ms: float, observed_ms: float) -> None:
+        self.window_ms.labels(lane=lane).set(window_ms)
+        self.pass_ms.labels(lane=lane, kind="predicted").observe(predicted_ms / 1000)
+        self.pass_ms.labels(lane=lane, kind="observed").observe(observed_ms / 1000)
+
     def observe_stage(self, stage: str, lane: str, ms: float) -> None:
         self.stage.labels(stage=stage, lane=lane).observe(ms / 1000)
 

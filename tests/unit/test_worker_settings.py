@@ -28,13 +28,23 @@ ENV = {
     "EMBEDSTREAM_WORKER__STALL_TIMEOUT_S": "90",
     "EMBEDSTREAM_WORKER__JOIN_TIMEOUT_S": "45",
     "EMBEDSTREAM_WORKER__ACCESS_CHECK_TIMEOUT_S": "5",
+    "EMBEDSTREAM_WORKER__LATENCY_TARGET_MS": "25",
+    "EMBEDSTREAM_WORKER__RERANK_LATENCY_TARGET_MS": "250",
+    "EMBEDSTREAM_WORKER__ADMISSION_POLICY": "deadline",
+    "EMBEDSTREAM_WORKER__MAX_WINDOW_MS": "6",
+    "EMBEDSTREAM_WORKER__DEFAULT_DEADLINE_MS": "3000",
+    "EMBEDSTREAM_WORKER__MAX_REQUEST_AGE_MS": "30000",
+    "EMBEDSTREAM_WORKER__REPLY_ALLOWANCE_MS": "1.5",
+    "EMBEDSTREAM_WORKER__SHED_PREDICTED": "false",
 }
 EXPECTED = {
     "batch_window_ms": 7.5, "bulk_slice_tokens": 512, "online_quiet_s": 0.25, "max_queue_tokens": 4096,
     "max_queue_requests": 32, "commit_interval_s": 1.5, "flush_timeout_s": 12.0, "sink_backoff_s": (0.5, 4.0),
     "record_retry_limit_s": 60.0, "skip_unchanged": False, "warm_up_tokens": 0, "max_candidates": 20,
     "max_pairs_per_pass": 128, "health_host": "0.0.0.0", "stall_timeout_s": 90.0, "join_timeout_s": 45.0,
-    "access_check_timeout_s": 5.0,
+    "access_check_timeout_s": 5.0, "latency_target_ms": 25.0, "rerank_latency_target_ms": 250.0,
+    "admission_policy": "deadline", "max_window_ms": 6.0, "default_deadline_ms": 3000.0, "max_request_age_ms": 30000.0,
+    "reply_allowance_ms": 1.5, "shed_predicted": False,
 }
 
 
