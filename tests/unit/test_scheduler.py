@@ -97,3 +97,42 @@ def test_work_queue_keeps_its_token_count():
     q.keep(lambda item: item.name != "b")
     assert names(q) == ["a", "c"] and q.tokens == 8 and q.oldest.name == "a"
     assert names(q.take(5)) == ["a", "c"] and q.tokens == 0 and not q
+
+
+def at_risk_scheduler(clock, p95_ms: float, slice_tokens=1024, max_tokens=8192):
+    """A scheduler whose online controller learnt 3 ms + 0.16 ms/token and saw ``p95_ms`` latencies (target 30)."""
+    from embedstream.workers.admission import AdmissionConfig, LaneController
+
+    online = LaneController("online", AdmissionConfig(target_ms=30, reply_allowance_ms=2), clock=clock)
+    for tokens in (10, 50, 100, 200, 400, 800):
+        online.model.observe(tokens, 3 + 0.16 * tokens)
+    for _ in range(20):
+        online.observed_latency(p95_ms)
+    return Scheduler(BatchLimits(max_tokens, 256), slice_tokens, 1.0, clock, admission=online, min_slice_tokens=32)
+
+
+def test_bulk_slices_shrink_to_what_fits_beside_a_query_while_online_is_at_risk():
+    clock = Clock()
+    calm, risky = at_risk_scheduler(clock, 6.0), at_risk_scheduler(clock, 28.0)
+    for s in (calm, risky):
+        s.online_arrived()
+        s.next_batch(queue(Item("q", 20)), None)  # learns the size of an online request
+    assert calm.bulk_cap() == 1024
+    fit = risky.bulk_cap()
+    assert 32 <= fit < 1024
+    assert 3 + 0.16 * fit + 3 + 0.16 * 20 <= 30  # slice + the query still inside the target
+    bulk = queue(*(Item(f"b{i}", 10) for i in range(200)))
+    assert sum(i.tokens for i in risky.next_batch(queue(), bulk)) <= fit
+    assert not risky.bulk_paused
+
+
+def test_bulk_tops_up_an_online_pass_only_within_the_target_and_pauses_when_over_it():
+    clock = Clock()
+    s = at_risk_scheduler(clock, 45.0)  # over the target
+    bulk = queue(*(Item(f"b{i}", 10) for i in range(200)))
+    batch = s.next_batch(queue(Item("q", 20)), bulk)
+    assert sum(i.tokens for i in batch) <= (0.8 * 30 - 2 - 3) / 0.16 + 1  # not topped up to 8,192 tokens
+    assert s.bulk_paused  # over the target even with shrunk slices: bulk consumption may pause
+    clock.now += 10  # the latencies age out: slack again, bulk resumes
+    s.next_batch(queue(), bulk)
+    assert not s.bulk_paused
