@@ -232,6 +232,10 @@ class LaneController:
         spare = 0.92 * self.config.target_ms - self.model.predict(max(queued_tokens, 1)) - self.config.reply_allowance_ms
         return max(0.0, min(self.config.max_window_ms, spare))
 
+    def deadline_on_clock(self, deadline_ms: int, now_ms: int) -> float:
+        """An epoch-ms deadline as a time on this controller's clock."""
+        return self.clock() + (deadline_ms - now_ms) / 1000
+
     def gather(self, oldest_received: float, poll: Callable[[], int], full: Callable[[], bool],
                oldest_deadline_s: float | None = None, queued_tokens: Callable[[], int] = lambda: 0) -> None:
         """Poll for more requests until the wait ends or the batch is full.
@@ -282,16 +286,18 @@ class LaneController:
         """Whether requests are refused on a prediction (not with policy ``fixed``, nor before any pass)."""
         return self.config.shed_predicted and self.config.policy != "fixed" and self.model.passes > 0
 
-    def late(self, deadline_ms: int, now_ms: int, tokens_ahead: int, tokens: int, max_pass_tokens: int | None = None) -> str | None:
+    def late(self, deadline_ms: int, now_ms: int, tokens_ahead: int, tokens: int, max_pass_tokens: int | None = None,
+             extra_ms: float = 0.0) -> str | None:
         """Why a queued request would miss ``deadline_ms`` (effective, epoch ms), or None if it can make it.
 
-        ``tokens_ahead``: the work queued (or running) before it; its own pass is predicted with it."""
+        ``tokens_ahead``: the work queued (or running) before it; its own pass is predicted with it.
+        ``extra_ms``: predicted time outside this model's passes (e.g. a search's retrieval)."""
         if deadline_ms <= now_ms:
             self.shed[EXPIRED_IN_QUEUE] += 1
             return EXPIRED_IN_QUEUE
         if not self.predicts_sheds:
             return None
-        finish = now_ms + self.model.predict(tokens_ahead + tokens, max_pass_tokens) + self.config.reply_allowance_ms
+        finish = now_ms + self.model.predict(tokens_ahead + tokens, max_pass_tokens) + extra_ms + self.config.reply_allowance_ms
         if finish > deadline_ms:
             self.shed[PREDICTED_LATE] += 1
             return PREDICTED_LATE

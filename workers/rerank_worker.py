@@ -12,6 +12,11 @@ embed, retrieve from Qdrant, then rerank) with the ``group_rerank`` consumer gro
   get an error reply on ``reply_to``.
 * Offsets are committed only after the reply (or dead letter) of every earlier record of the
   partition is produced (``OffsetTracker``; the producer is flushed before each commit).
+* Admission control (``workers/admission.py``), one controller per lane (rerank, search) against
+  ``rerank_latency_target_ms`` (default: ``latency_target_ms``): the batching window follows the
+  observed p95, a request whose deadline is gone, or that cannot finish by it given the pairs queued
+  ahead of it and the predicted pass time (pairs -> ms, fitted on the passes seen), is answered
+  ``deadline_exceeded`` at once, before any compute.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from embedstream.schemas import ErrorInfo
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
+from embedstream.workers.admission import AdmissionConfig, LaneController
 from embedstream.workers.batching_window import BatchingWindow
 from embedstream.workers.lane import Taken
 from embedstream.workers.loop import WorkerLoop, new_worker_id
@@ -63,6 +69,11 @@ class _Item(Taken):
     request: RerankRequest | SearchRequest | None = None
     candidates: list[Candidate] = field(default_factory=list)
     received: float = field(default_factory=time.perf_counter)
+    deadline_ms: int = 0  # effective deadline (epoch ms): the request's, defaulted and capped
+
+    @property
+    def searches(self) -> int:
+        return 1 if isinstance(self.request, SearchRequest) else 0
 
     @property
     def pairs(self) -> int:
@@ -95,7 +106,10 @@ class RerankWorker(WorkerLoop):
         self.owns_store = owns_store  # close the searcher's store with the worker (it was opened for it)
         super().__init__(settings.kafka, self.options, metrics or WorkerMetrics(model=engine.spec.name),
                          self.options.worker_id)
-        self.window = BatchingWindow(self.options.batch_window_ms)
+        target = self.options.rerank_latency_target_ms or self.options.latency_target_ms
+        self.admission = {lane: LaneController(lane, AdmissionConfig.from_settings(self.options, target))
+                          for lane in (LANE_RERANK, LANE_SEARCH)}
+        self.window = BatchingWindow(controller=self.admission[LANE_RERANK])  # the pass is shared: one window
         self.policy = TrustPolicy.from_settings(settings)
         self.lane = self.add_lane(LANE_RERANK, [self.kafka.topic_rerank, self.kafka.topic_search], self.kafka.group_rerank,
                                   64, full=lambda queue: len(queue) >= self.options.max_queue_requests)
@@ -127,7 +141,8 @@ class RerankWorker(WorkerLoop):
             except _Rejected as err:
                 self._reject(item, err.code, err.message)
                 continue
-            self.lane.queue.push(item)
+            if self._admit(item):
+                self.lane.queue.push(item)
         if records:
             self.window.arrived(received, len(records))
             self.metrics.queue_depth(LANE_RERANK, len(self.lane.queue), self.lane.queue.tokens)
@@ -163,6 +178,35 @@ class RerankWorker(WorkerLoop):
             raise _Rejected("empty_text", f"candidate(s) with empty text: {', '.join(empty[:10])}")
         return candidates
 
+    def _admit(self, item: _Item) -> bool:
+        """Queue it, or answer ``deadline_exceeded`` at once: deadline gone, or it cannot finish by it
+        behind the pairs and searches already queued."""
+        now = now_ms()
+        controller = self.admission[item.lane]
+        reason = controller.refuse_on_arrival(item.request.deadline_ms, now)
+        if reason is None:
+            item.deadline_ms = controller.deadlines.effective(item.request.deadline_ms, now)
+            queue = self.lane.queue
+            reason = self._late(item, now, queue.tokens, sum(queued.searches for queued in queue))
+        if reason is None:
+            return True
+        self._shed(item, reason)
+        return False
+
+    def _late(self, item: _Item, now: int, pairs_ahead: int, searches_ahead: int) -> str | None:
+        """Why ``item`` would miss its deadline behind that much work (pairs pass + searches' retrieval), or None."""
+        retrieve_ms = self.admission[LANE_SEARCH].model.predict(1) * (searches_ahead + item.searches)
+        return self.admission[LANE_RERANK].late(item.deadline_ms, now, pairs_ahead, item.pairs,
+                                                self.options.max_pairs_per_pass, extra_ms=retrieve_ms)
+
+    def _shed(self, item: _Item, reason: str) -> None:
+        waited = (time.perf_counter() - item.received) * 1000
+        messages = {"deadline_past": "the request's deadline had passed when it arrived",
+                    "expired_in_queue": "the request's deadline passed before it was served",
+                    "predicted_late": "the request cannot be served by its deadline (queued work and predicted compute)"}
+        self._reject(item, "deadline_exceeded", messages.get(reason, reason), {"queue_wait": waited, "total": waited})
+        self.metrics.shed.labels(lane=item.lane, reason=reason).inc()
+
     def _reject(self, item: _Item, code: str, message: str, timings: dict | None = None) -> None:
         info = ErrorInfo(code=code, message=message)
         request = item.request
@@ -179,8 +223,10 @@ class RerankWorker(WorkerLoop):
         """Give a fresh pass up to ``batch_window_ms`` to gather more requests, while traffic is dense."""
         oldest = self.lane.queue.oldest
         if oldest is not None:
+            deadline_s = self.window.controller.deadline_on_clock(oldest.deadline_ms, now_ms()) if oldest.deadline_ms else None
             self.window.gather(oldest.received, lambda: self.intake(1),
-                               lambda: self.lane.queue.tokens >= self.options.max_pairs_per_pass)
+                               lambda: self.lane.queue.tokens >= self.options.max_pairs_per_pass,
+                               deadline_s, lambda: self.lane.queue.tokens)
 
     def _take(self) -> list[_Item]:
         """A FIFO prefix of requests whose pairs fit one pass (a single larger request runs alone)."""
@@ -197,14 +243,15 @@ class RerankWorker(WorkerLoop):
         start = time.perf_counter()
         now = now_ms()
         live: list[_Item] = []
-        for item in batch:
-            wait_ms = (start - item.received) * 1000
-            self.metrics.observe_stage("queue_wait", item.lane, wait_ms)
-            if item.request.deadline_ms and item.request.deadline_ms < now:
-                self._reject(item, "deadline_exceeded",
-                             "the request's deadline passed before it was served",
-                             {"queue_wait": wait_ms, "total": wait_ms})
+        pairs_ahead = searches_ahead = 0
+        self.metrics.queue_age.labels(lane=batch[0].lane).set(start - batch[0].received)
+        for item in batch:  # nothing that would miss its deadline is computed
+            self.metrics.observe_stage("queue_wait", item.lane, (start - item.received) * 1000)
+            reason = self._late(item, now, pairs_ahead, searches_ahead)
+            if reason is not None:
+                self._shed(item, reason)
                 continue
+            pairs_ahead, searches_ahead = pairs_ahead + item.pairs, searches_ahead + item.searches
             live.append(item)
         # Searches first retrieve (embed + Qdrant), then join the shared rerank pass.
         retrieved: dict[int, Retrieved] = {}
@@ -220,6 +267,7 @@ class RerankWorker(WorkerLoop):
                     self._reject(item, "search_failed", str(exc)[:500])
                     continue
                 t = retrieved[pos].timings_ms
+                self.admission[LANE_SEARCH].observed_pass(1, t.get("embed", 0.0) + t.get("search", 0.0))
                 self.metrics.observe_stage("embed", item.lane, t.get("embed", 0.0))
                 self.metrics.observe_stage("search", item.lane, t.get("search", 0.0))
         served = [pos for pos, item in enumerate(live)
@@ -235,6 +283,8 @@ class RerankWorker(WorkerLoop):
         timings = StageTimings()
         rerank_ms = 0.0
         if pairs:
+            rerank = self.admission[LANE_RERANK]
+            predicted_ms = rerank.model.predict(len(pairs), self.options.max_pairs_per_pass)
             pass_start = time.perf_counter()
             try:
                 scored, timings = self.engine.score(pairs)
@@ -245,6 +295,8 @@ class RerankWorker(WorkerLoop):
                     self._reject(live[pos], code, message)
                 return
             rerank_ms = (time.perf_counter() - pass_start) * 1000
+            rerank.observed_pass(len(pairs), rerank_ms)
+            self.metrics.observe_pass(LANE_RERANK, rerank.window_ms, predicted_ms, rerank_ms)
             for result in scored:
                 pos, i = result.id
                 results[pos][i] = result
@@ -266,6 +318,7 @@ class RerankWorker(WorkerLoop):
             else:
                 self._answer_search(item, retrieved[pos], results[pos] if item.request.rerank else None, start,
                                     rerank_ms)
+            self.admission[item.lane].observed_latency((time.perf_counter() - item.received) * 1000)
             self.metrics.observe_stage("reply", item.lane, (time.perf_counter() - reply_start) * 1000)
 
     def _answer_rerank(self, item: _Item, results: dict[int, ScoreResult], start: float, timings: StageTimings,

@@ -28,6 +28,7 @@ from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreR
 from embedstream.engine.errors import EngineError
 from embedstream.errors import CodedError
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
+from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
 from embedstream.vectors import FULL, l2_normalize, matryoshka_cut, parse_mrl_name, query_form, uint8_decode
 
@@ -58,11 +59,20 @@ def engine_embedder(engine: Engine) -> Embedder:
 
 
 def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> Embedder:
-    """Query vectors from the embed workers through request-reply (``QueryClient``)."""
+    """Query vectors from the embed workers through request-reply (``QueryClient``).
 
-    def embed(text: str) -> np.ndarray:
+    The embed request inherits the search's deadline (``deadline_ms``): the embed worker sheds it
+    with ``deadline_exceeded`` rather than computing a vector the search can no longer use."""
+
+    def embed(text: str, deadline_ms: int | None = None) -> np.ndarray:
+        timeout = timeout_s
+        if deadline_ms is not None:
+            remaining_s = (deadline_ms - now_ms()) / 1000
+            if remaining_s <= 0:
+                raise SearchError("deadline_exceeded", "the search's deadline passed before its query was embedded")
+            timeout = min(timeout_s, remaining_s)
         try:
-            reply = client.embed(text, model=model, timeout_s=timeout_s, prompt="query")
+            reply = client.embed(text, model=model, timeout_s=timeout, prompt="query")
         except TimeoutError as exc:
             raise SearchError("embed_timeout", str(exc)) from None
         if reply.error is not None:
@@ -70,6 +80,7 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
         return np.asarray(reply.embedding, dtype=np.float32)
 
     embed.model = model  # type: ignore[attr-defined]
+    embed.takes_deadline = True  # type: ignore[attr-defined]
     return embed
 
 
@@ -169,7 +180,9 @@ class Searcher:
         plan = self.plan(collection)
         start = time.perf_counter()
         try:
-            query = np.asarray(self.embedder(request.query), dtype=np.float32)
+            vector = (self.embedder(request.query, deadline_ms=request.deadline_ms)  # type: ignore[call-arg]
+                      if getattr(self.embedder, "takes_deadline", False) else self.embedder(request.query))
+            query = np.asarray(vector, dtype=np.float32)
         except EngineError as err:
             raise SearchError(err.code, err.message) from None
         embedded = time.perf_counter()

@@ -57,7 +57,8 @@ def test_rerank_scores_match_cross_encoder_and_requests_share_a_pass(kafka_boots
     settings = isolated_settings(kafka_bootstrap, "rerank")
     ensure_topics(settings.kafka, partitions=2)
     query = "how do I read a file line by line"
-    with QueryClient(settings.kafka) as client, Running(RerankWorker(settings, ce_engine, RerankOptions(batch_window_ms=50))) as worker:
+    with QueryClient(settings.kafka) as client, Running(RerankWorker(settings, ce_engine, RerankOptions(
+            batch_window_ms=50, admission_policy="fixed"))) as worker:
         cands = _candidates(30) + [Candidate(id="long", text=" ".join(stdlib_paragraphs()[50:60]))]
         reply = _ask(client, settings, _request(client, query, cands, top_n=100))
         assert reply.error is None and reply.model == "tiny-ce"
@@ -174,3 +175,71 @@ def test_error_replies_dead_letters_and_search_over_kafka(kafka_bootstrap, ce_en
     errors = {s.labels["code"] for m in worker.metrics.registry.collect() if m.name == "embedstream_request_errors"
               for s in m.samples if s.name.endswith("_total")}
     assert {"no_candidates", "too_many_candidates", "empty_query", "unknown_model", "unknown_collection"} <= errors
+
+
+class CountingEngine:
+    """The real engine, recording every score call: when it ran (epoch ms) and which requests' pairs it held."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls: list[tuple[int, set[str]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def score(self, pairs, *args, **kwargs):
+        from embedstream.schemas.events import now_ms
+
+        self.calls.append((now_ms(), {p.query for p in pairs}))
+        return self.engine.score(pairs, *args, **kwargs)
+
+
+def test_overload_sheds_the_excess_before_compute(kafka_bootstrap, ce_engine):
+    """At about twice the rate the worker sustains, requests that cannot meet their deadline get deadline_exceeded,
+    and no pair of a request is scored after its deadline (the engine's calls are recorded)."""
+    import time
+    import uuid
+
+    from embedstream.schemas.events import now_ms
+
+    settings = isolated_settings(kafka_bootstrap, "rerankshed")
+    ensure_topics(settings.kafka, partitions=1)
+    engine = CountingEngine(ce_engine)
+    worker = RerankWorker(settings, engine, RerankOptions(admission_policy="aimd", latency_target_ms=50))
+    cands = _candidates(50, words=60)
+    with QueryClient(settings.kafka) as client, Running(worker):
+        for k in range(10):  # warm: the controller learns the pass time, and so does this test
+            assert _ask(client, settings, _request(client, f"warm {k}", cands, top_n=3)).error is None
+        sample = worker.metrics.registry.get_sample_value
+        labels = {"stage": "rerank", "lane": "rerank"}
+        service_s = (sample("embedstream_stage_duration_seconds_sum", labels)
+                     / sample("embedstream_stage_duration_seconds_count", labels))  # one request's pass
+        budget_ms = max(60, int(10 * service_s * 1000))
+        sent: dict[str, tuple[int, float]] = {}
+        futures = []
+        gap_s = service_s / 2  # twice the rate the worker computes
+        for k in range(max(60, int(3 / gap_s) if gap_s > 0 else 60)):
+            if len(futures) >= 400:
+                break
+            deadline = now_ms() + budget_ms
+            request = _request(client, f"overload {k}", cands, top_n=3, deadline_ms=deadline)
+            sent[request.query] = (deadline, time.perf_counter())
+            futures.append((request, client.submit(settings.kafka.topic_rerank, request, RerankReply, timeout_s=60)))
+            time.sleep(gap_s)
+        replies = [(request, future.result(timeout=60)) for request, future in futures]
+    shed = [req.query for req, rep in replies if rep.error is not None]
+    served = [req.query for req, rep in replies if rep.error is None]
+    assert {rep.error.code for _, rep in replies if rep.error is not None} == {"deadline_exceeded"}
+    assert shed and served, (len(shed), len(served))
+    assert all(len(rep.results) == 3 for _, rep in replies if rep.error is None)
+    computed = set().union(*(queries for _, queries in engine.calls))
+    assert not computed & set(shed)  # a shed request had no pair scored
+    for when, queries in engine.calls:  # nothing was computed once its deadline had passed
+        late = [q for q in queries if q in sent and when >= sent[q][0]]
+        assert not late, late
+    counted = sum(sample("embedstream_shed_total", {"lane": "rerank", "reason": r}) or 0
+                  for r in ("deadline_past", "expired_in_queue", "predicted_late"))
+    assert counted == len(shed)
+    shed_ms = sorted(rep.timings_ms.get("total", 0.0) for _, rep in replies if rep.error is not None)
+    print(f"service {service_s * 1000:.1f} ms, budget {budget_ms} ms, {len(replies)} sent, {len(shed)} shed, "
+          f"in-worker time of a shed request p50 {shed_ms[len(shed_ms) // 2]:.2f} ms")
