@@ -200,6 +200,8 @@ class QueryClient:
             raise ValueError(
                 f"payload.reply_to is {reply_to!r} but this client reads {self.reply_topic!r}: the reply would be missed"
             )
+        if getattr(payload, "deadline_ms", 0) is None:  # every request carries a deadline: the wait it gets
+            payload = payload.model_copy(update={"deadline_ms": now_ms() + int(timeout_s * 1000)})
         future: Future[R] = Future()
         with self._lock:
             if self._closed.is_set() or self._failure is not None:
