@@ -93,12 +93,12 @@ class EmbeddingHead:
         self.dimensions = spec.dense[-1].out_features if spec.dense else hidden_size
 
     def project(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        """Pool and apply the Dense layers: float32 [B, D] on the CPU, in packed order (called inside
-        the runner's inference mode)."""
+        """Pool and apply the Dense layers: float32 [B, D] on the hidden states' device, in packed order
+        (called inside the runner's inference mode; the runner copies the result to the host once)."""
         vectors = pooling.pool(hidden, batch, self.spec.pooling, self.spec.include_prompt).float()
         for layer in self.dense:
             vectors = layer(vectors)
-        return vectors.cpu()
+        return vectors
 
     @staticmethod
     def normalize(vectors: np.ndarray, rows: list[bool]) -> np.ndarray:

@@ -33,21 +33,38 @@ class PackedBatch:
     def max_len(self) -> int:
         return max(self.lengths)
 
-    def to(self, device: torch.device) -> "PackedBatch":
-        return PackedBatch(
-            self.input_ids.to(device, non_blocking=True),
-            self.token_type_ids.to(device, non_blocking=True),
-            self.position_ids.to(device, non_blocking=True),
-            self.cu_seqlens.to(device, non_blocking=True),
-            self.lengths,
-            self.groups,
-            self.order,
-            self.prompt_tokens,
-        )
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The per-token and per-sequence tensors a forward pass reads (what moves to the device)."""
+        return self.input_ids, self.token_type_ids, self.position_ids, self.cu_seqlens
+
+    def _with(self, tensors: tuple[torch.Tensor, ...]) -> "PackedBatch":
+        return PackedBatch(*tensors, self.lengths, self.groups, self.order, self.prompt_tokens)
+
+    def to(self, device: torch.device, non_blocking: bool = True) -> "PackedBatch":
+        """The same batch on ``device``; from pinned memory the copies are asynchronous."""
+        return self._with(tuple(t.to(device, non_blocking=non_blocking) for t in self.tensors()))
+
+    def pin_memory(self) -> "PackedBatch":
+        """The batch in page-locked host memory (CUDA only), so host -> device copies run async."""
+        return self._with(tuple(t.pin_memory() for t in self.tensors()))
+
+    def is_pinned(self) -> bool:
+        return all(t.is_pinned() for t in self.tensors())
 
 
-def pack_sequences(items: list[Tokenized]) -> PackedBatch:
-    """Concatenate token ids without padding, grouping equal lengths together."""
+def _host_tensor(values: list[int], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    if not pinned:
+        return torch.tensor(values, dtype=dtype)
+    out = torch.empty(len(values), dtype=dtype, pin_memory=True)  # filled in place: no second host copy
+    out.numpy()[:] = values
+    return out
+
+
+def pack_sequences(items: list[Tokenized], pin_memory: bool = False) -> PackedBatch:
+    """Concatenate token ids without padding, grouping equal lengths together.
+
+    ``pin_memory`` (for a CUDA runner: ``ModelRunner.pack``) builds the tensors straight into
+    page-locked memory so their copy to the GPU is asynchronous and can overlap a forward pass."""
     if not items:
         raise ValueError("cannot pack an empty batch")
     order = sorted(range(len(items)), key=lambda i: -len(items[i]))
@@ -72,10 +89,10 @@ def pack_sequences(items: list[Tokenized]) -> PackedBatch:
     for n in lengths:
         cu.append(cu[-1] + n)
     return PackedBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        token_type_ids=torch.tensor(types, dtype=torch.long),
-        position_ids=torch.tensor(positions, dtype=torch.long),
-        cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+        input_ids=_host_tensor(ids, torch.long, pin_memory),
+        token_type_ids=_host_tensor(types, torch.long, pin_memory),
+        position_ids=_host_tensor(positions, torch.long, pin_memory),
+        cu_seqlens=_host_tensor(cu, torch.int32, pin_memory),
         lengths=lengths,
         groups=groups,
         order=order,

@@ -35,7 +35,7 @@ def pool(hidden: torch.Tensor, batch: PackedBatch, mode: str, include_prompt: bo
         return hidden[cu[1:] - 1]
     if mode == "mean":
         count = len(batch.lengths)
-        segment = torch.repeat_interleave(torch.arange(count, device=hidden.device), lengths)
+        segment = torch.repeat_interleave(torch.arange(count, device=hidden.device), lengths, output_size=hidden.shape[0])
         tokens = hidden.float()
         if skip is not None:
             keep = batch.position_ids.to(hidden.device) >= skip[segment]

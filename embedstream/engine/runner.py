@@ -1,8 +1,11 @@
 """The model runner: loads weights once, picks the execution path, runs packed batches.
 
-Paths, best first: packed BERT-family or packed decoder (no padding FLOPs; flash-attn varlen in
-bf16 on CUDA, grouped SDPA in fp32 on CPU), then a padded Hugging Face forward for anything else.
-``describe()`` says which path runs, so logs and benchmarks can never hide a fallback. The hidden
+Paths, best first: packed BERT-family or packed decoder (no padding FLOPs; on CUDA in bf16 the
+flash-attn varlen kernel, else torch's varlen_attn; grouped SDPA on CPU and in float32: see
+attention.py), then a padded Hugging Face forward for anything else.
+``describe()`` says which path and attention kernel run, so logs and benchmarks can never hide a
+fallback. On CUDA batches reach the device through pinned memory and a side stream (transfer.py):
+``stage`` the next batch before ``embed``-ing the current one and its copy runs under this forward. The hidden
 states go through the model's head: :class:`~embedstream.engine.head.EmbeddingHead` (pooling,
 Dense, ...) for embedders, :class:`~embedstream.engine.score_head.ScoreHead` for cross-encoders.
 """
@@ -23,8 +26,10 @@ from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16, 
 from embedstream.engine.errors import ConfigError
 from embedstream.engine.head import EmbeddingHead
 from embedstream.engine.model_spec import ModelSpec
-from embedstream.engine.packed import PackedBatch
+from embedstream.engine.packed import PackedBatch, pack_sequences
 from embedstream.engine.score_head import ScoreHead
+from embedstream.engine.tokenize import Tokenized
+from embedstream.engine.transfer import DeviceFeeder, StagedBatch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -84,6 +89,7 @@ class ModelRunner:
         self.spec = spec
         self.device = pick_device(device)
         self.precision, self.dtype = pick_precision(precision, self.device)
+        self.feeder = DeviceFeeder(self.device)
         config = AutoConfig.from_pretrained(str(spec.path))
         loader = AutoModelForSequenceClassification if spec.kind == "rerank" else AutoModel
         model = loader.from_pretrained(str(spec.path), dtype=self.dtype).to(self.device).eval()
@@ -110,7 +116,7 @@ class ModelRunner:
                         continue
                     name = family.__name__.rsplit(".", 1)[-1]
                     self.head_reads = family.HEAD_READS
-                    kernel = attention_kernel_name(self.device, self.dtype)
+                    kernel = attention_kernel_name(self.device, self.dtype, encoder.head_dim)
                     return encoder, f"packed-{name}/{self.device.type}/{kernel}/{self._precision_label()}"
                 reasons.append(reason)
             if backend == "packed":
@@ -144,28 +150,37 @@ class ModelRunner:
     def flops_per_token(self, length: int) -> float:
         return self.encoder.flops_per_token(length)
 
-    def _hidden(self, batch: PackedBatch) -> torch.Tensor:
-        return self.encoder(batch.to(self.device) if self.device.type != "cpu" else batch)
+    def pack(self, items: list[Tokenized]) -> PackedBatch:
+        """Pack for this device: straight into pinned memory on CUDA (async copies), plain on CPU."""
+        return pack_sequences(items, pin_memory=self.feeder.pins_memory)
+
+    def stage(self, batch: PackedBatch) -> StagedBatch:
+        """Start the batch's host -> device copy and return at once (CPU: no copy); ``embed``/``score``
+        take the result. Staging batch i+1 before running batch i overlaps its copy with i's forward."""
+        return self.feeder.stage(batch)
+
+    def _on_device(self, batch: PackedBatch | StagedBatch) -> PackedBatch:
+        return self.feeder.wait(batch if isinstance(batch, StagedBatch) else self.feeder.stage(batch))
 
     @torch.inference_mode()
-    def embed(self, batch: PackedBatch, timings: ForwardTimings) -> torch.Tensor:
-        """Pooled (and projected) float32 vectors [B, D] in packed order (batch.order maps back to callers)."""
-        start = time.perf_counter()
-        hidden = self._hidden(batch)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        mid = time.perf_counter()
-        vectors = self.head.project(hidden, batch)
-        timings.forward_ms += (mid - start) * 1000
-        timings.pool_ms += (time.perf_counter() - mid) * 1000
+    def embed(self, batch: PackedBatch | StagedBatch, timings: ForwardTimings) -> torch.Tensor:
+        """Pooled (and projected) float32 vectors [B, D] on the host, in packed order (batch.order maps
+        back to callers). One copy back and one synchronisation per batch on CUDA."""
+        spans = self.feeder.spans()
+        on_device = self._on_device(batch)
+        hidden = self.encoder(on_device)
+        spans.mark()
+        vectors = self.feeder.to_host(self.head.project(hidden, on_device))
+        forward_ms, pool_ms = spans.split_ms()
+        timings.forward_ms += forward_ms
+        timings.pool_ms += pool_ms
         return vectors
 
     @torch.inference_mode()
-    def score(self, batch: PackedBatch, timings: ForwardTimings) -> torch.Tensor:
-        """Cross-encoder relevance [B] in packed order, through the model's own head."""
+    def score(self, batch: PackedBatch | StagedBatch, timings: ForwardTimings) -> torch.Tensor:
+        """Cross-encoder relevance [B] on the host in packed order, through the model's own head."""
         start = time.perf_counter()
-        scores = self.head(self._hidden(batch), batch)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        on_device = self._on_device(batch)
+        scores = self.feeder.to_host(self.head(self.encoder(on_device), on_device))
         timings.forward_ms += (time.perf_counter() - start) * 1000
-        return scores.cpu()
+        return scores
