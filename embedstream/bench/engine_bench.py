@@ -154,20 +154,21 @@ def _naive_padded(engine: Engine, batch_size: int = 32) -> Callable[[list[str]],
     """Arrival-order batches of 32 padded to their longest, plain HF forward, mean pooling."""
     from transformers import AutoModel, AutoTokenizer
 
+    device = engine.runner.device  # float32, on the engine's device
     tokenizer = AutoTokenizer.from_pretrained(str(engine.spec.path))
-    model = AutoModel.from_pretrained(str(engine.spec.path)).eval()
+    model = AutoModel.from_pretrained(str(engine.spec.path)).to(device).eval()
 
     @torch.inference_mode()
     def run(texts: list[str]) -> tuple[np.ndarray, int]:
         outs, computed = [], 0
         for i in range(0, len(texts), batch_size):
             enc = tokenizer(texts[i : i + batch_size], padding=True, truncation=True,
-                            max_length=engine.spec.max_tokens, return_tensors="pt")
+                            max_length=engine.spec.max_tokens, return_tensors="pt").to(device)
             computed += int(enc["input_ids"].numel())
             hidden = model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).float()
             pooled = (hidden * mask).sum(1) / mask.sum(1)
-            outs.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+            outs.append(torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy())
         return np.concatenate(outs), computed
 
     return run
@@ -177,7 +178,7 @@ def _sentence_transformers(engine: Engine) -> Callable[[list[str]], tuple[np.nda
     """sentence-transformers encode(batch_size=32): sorts by length, pads within each batch."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(engine.spec.path), device="cpu")
+    model = SentenceTransformer(str(engine.spec.path), device=engine.runner.device.type)  # float32
 
     def computed_tokens(texts: list[str]) -> int:
         """Positions encode() computes: it sorts by length and pads each batch of 32 to its longest."""
@@ -210,18 +211,21 @@ def cpu_summary() -> str:
     return " ".join(have) or "unknown"
 
 
-def _engine(model: str, precision: str) -> Engine:
+def _engine(model: str, precision: str, device: str | None = None) -> Engine:
     settings = Settings()
     settings.engine.precision = precision
+    if device:
+        settings.engine.device = device
     return Engine.from_name(model, settings)
 
 
-def _own_methods(model: str, engine: Engine, precisions: list[str], baselines: bool) -> list[tuple[str, str, Callable]]:
+def _own_methods(model: str, engine: Engine, precisions: list[str], baselines: bool, device: str | None = None
+                 ) -> list[tuple[str, str, Callable]]:
     """(name, precision, run) for embedstream's rows and the in-process baselines."""
     methods: list[tuple[str, str, Callable]] = [("embedstream (packed, fp32)", "float32", _embedstream(engine))]
     for precision in precisions:
         if precision != "float32":
-            fast = _engine(model, precision)
+            fast = _engine(model, precision, device)
             label = fast.runner.describe().rsplit("/", 1)[-1]
             methods.append((f"embedstream (packed, {label})", fast.runner.precision, _embedstream(fast)))
     if baselines:
@@ -231,25 +235,29 @@ def _own_methods(model: str, engine: Engine, precisions: list[str], baselines: b
 
 
 def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts: int = 600, repeats: int = 1,
-        baselines: bool = True, precisions: list[str] | None = None, peers: bool = True
+        baselines: bool = True, precisions: list[str] | None = None, peers: bool = True, device: str | None = None
         ) -> tuple[list[MethodResult], dict]:
     """Run every method for each thread count on one corpus; returns rows and machine facts.
 
     The first row is always the exact float32 path; ``precisions`` add approximate rows (int8,
     bfloat16). Min cosine is taken against sentence-transformers float32 (the embedstream float32
     row when baselines are off). ``peers``: OpenVINO / ONNX Runtime rows, built per thread count
-    (both fix their thread pools when a model is compiled); the ones that cannot run are listed."""
+    (both fix their thread pools when a model is compiled); the ones that cannot run are listed.
+    ``device`` (auto, cpu, cuda; default: the engine settings'): every embedstream row and both baselines
+    run there (on CUDA the default extra row is bfloat16, int8 being CPU-only)."""
     from embedstream.bench import peers as peer_rows
 
     threads = threads or [1, 2]
-    precisions = default_approximate_precisions() if precisions is None else precisions
-    engine = _engine(model, "float32")
+    engine = _engine(model, "float32", device)
+    on_gpu = engine.runner.device.type == "cuda"
+    if precisions is None:
+        precisions = ["bfloat16"] if on_gpu else default_approximate_precisions()
     tok = engine.tokenizer.tokenizer
     corpus = mixed_length_texts(texts, lambda s: len(tok.encode(s).ids), engine.spec.max_tokens)
     lengths = [len(tok.encode(t).ids) for t in corpus]
     useful_flops = sum(n * engine.runner.flops_per_token(n) for n in lengths)
-    own = _own_methods(model, engine, precisions, baselines)
-    found, skipped = peer_rows.peers(engine.spec) if peers else ([], [])
+    own = _own_methods(model, engine, precisions, baselines, device)
+    found, skipped = peer_rows.peers(engine.spec) if peers and not on_gpu else ([], [])  # peers are CPU engines
     facts = {"model": model, "path": engine.runner.describe(), "cpu": cpu_summary(), "texts": len(corpus), "real_tokens": sum(lengths),
              "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {},
              "skipped": [(s.name, s.reason) for s in skipped]}

@@ -26,12 +26,18 @@ def bench_engine(
     precision: Optional[list[str]] = typer.Option(
         None, help="Extra approximate rows (int8, bfloat16); default: int8, plus bfloat16 where the CPU has it"
     ),
+    device: Optional[str] = typer.Option(
+        None, help="auto, cpu or cuda for embedstream and the baselines (default: the engine settings'); "
+        "on cuda the default extra row is bfloat16"
+    ),
 ) -> None:
     """Engine throughput vs sentence-transformers and naive padded batches, one corpus, one run."""
     from embedstream.bench import engine_bench
 
+    if device not in (None, "auto", "cpu", "cuda"):
+        raise typer.BadParameter(f"device must be auto, cpu or cuda, got {device!r}")
     rows, facts = engine_bench.run(model, threads, texts, repeats, baselines=not no_baselines, precisions=precision,
-                                   peers=not no_peers)
+                                   peers=not no_peers, device=device)
     engine_bench.print_table(rows, facts)
 
 
