@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from tokenizers import Encoding, Tokenizer
 
-from embedstream.engine.tokenize import load_tokenizer
+from embedstream.engine.tokenize import TextTokenizer, load_tokenizer, st_lowercase
+from embedstream.schemas.token_ids import TokenDtype, dtype_for_vocab, encode_token_ids
 
 if TYPE_CHECKING:
     from embedstream.engine.model_spec import ModelSpec
@@ -93,14 +94,29 @@ class Chunker:
         self.reserved_tokens = reserved_tokens
         self.tokenizer = _without_truncation(tokenizer)
         self._whitespace_exact = _cuts_at_whitespace_are_exact(self.tokenizer)
+        self.ids: ChunkIds | None = None  # set by for_model: chunks then carry the model's token ids
 
     @classmethod
-    def for_model(cls, spec: ModelSpec, chunk_tokens: int = 200, overlap_tokens: int = 32) -> Chunker:
-        """A chunker for a resolved ModelSpec: its tokenizer, limit, and room for its document prompt."""
+    def for_model(cls, spec: ModelSpec, chunk_tokens: int = 200, overlap_tokens: int = 32,
+                  token_ids: bool = True) -> Chunker:
+        """A chunker for a resolved ModelSpec: its tokenizer, limit, and room for its document prompt.
+
+        With ``token_ids`` (the default) :meth:`token_ids_many` gives each chunk's model input, so
+        workers serving this model need not tokenize it again."""
         tokenizer = load_tokenizer(spec.path)
         prompt = spec.document_prompt
         reserved = len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
-        return cls(tokenizer, spec.max_tokens, chunk_tokens, overlap_tokens, reserved_tokens=reserved)
+        chunker = cls(tokenizer, spec.max_tokens, chunk_tokens, overlap_tokens, reserved_tokens=reserved)
+        if token_ids:
+            chunker.ids = ChunkIds(TextTokenizer(tokenizer, spec.max_tokens, st_lowercase(spec.path)), prompt)
+        return chunker
+
+    def token_ids_many(self, chunks: Sequence[str]) -> list[str | None]:
+        """Per chunk, its ids on the wire (:mod:`embedstream.schemas.token_ids`), or None for a text-only
+        chunk: this chunker was not made for a model, or the model would refuse the chunk's text."""
+        if self.ids is None:
+            return [None] * len(chunks)
+        return self.ids.encode(chunks)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of text without special tokens, as the engine will count them."""
@@ -177,6 +193,29 @@ class Chunker:
                 spans.append((lo + start, lo + end))
                 exact.append(self._whitespace_exact and levels[span.start] > _NONE and levels[span.end] > _NONE)
         return spans, exact
+
+
+class ChunkIds:
+    """A model's input ids for chunks: its document prompt + the text, tokenized exactly as the engine
+    does (the engine's own TextTokenizer: lowercasing, special tokens), with the fingerprint that
+    lets a worker trust them. Tokenizing the chunks again costs this producer ~0.3 ms per 200-token
+    chunk, once, instead of every worker that embeds it."""
+
+    def __init__(self, tokenizer: TextTokenizer, prompt: str | None):
+        self.tokenizer = tokenizer
+        self.prompt = prompt or ""
+        self.fingerprint = tokenizer.fingerprint(prompt)
+        self.dtype: TokenDtype = dtype_for_vocab(tokenizer.vocab_size)
+
+    def encode(self, chunks: Sequence[str]) -> list[str | None]:
+        """Base64 ids per chunk (None where the engine would refuse the text: empty, over the limit)."""
+        live = [i for i, chunk in enumerate(chunks) if chunk.strip()]
+        out: list[str | None] = [None] * len(chunks)
+        encoded = self.tokenizer.encode_many([self.prompt + chunks[i] for i in live], [False] * len(live)) if live else []
+        for i, tok in zip(live, encoded):
+            if not isinstance(tok, Exception):
+                out[i] = encode_token_ids(tok.ids, self.dtype)
+        return out
 
 
 def _without_truncation(tokenizer: Tokenizer) -> Tokenizer:

@@ -17,7 +17,7 @@ from kafka.producer.future import FutureRecordMetadata
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.errors import CodedError
-from embedstream.producers.chunker import Chunker
+from embedstream.producers.chunker import Chunker, ChunkIds
 from embedstream.producers.sources import Document
 from embedstream.producers.topics import DEFAULT_PARTITIONS, ensure_topics, lane_topic
 from embedstream.schemas.codec import encode
@@ -91,7 +91,8 @@ class ChunkPublisher:
         longer earlier version disappear (at the cost of re-embedding unchanged chunks).
         """
         document = Document.coerce(doc)
-        return self._publish_chunks(document, chunker.chunk(document.text), replace)
+        chunks = chunker.chunk(document.text)
+        return self._publish_chunks(document, chunks, replace, ids=_ids(chunker.ids, chunks))
 
     def publish_documents(
         self,
@@ -115,18 +116,23 @@ class ChunkPublisher:
 
     def _publish_batch(self, batch: list[Document], chunker: Chunker, replace: bool) -> int:
         chunked = chunker.chunk_many([doc.text for doc in batch])
-        return sum(self._publish_chunks(doc, chunks, replace) for doc, chunks in zip(batch, chunked))
+        encoded = iter(chunker.token_ids_many([c for chunks in chunked for c in chunks]))  # one batched call
+        return sum(self._publish_chunks(doc, chunks, replace, ids=_ids(chunker.ids, chunks, encoded))
+                   for doc, chunks in zip(batch, chunked))
 
-    def publish_chunks(self, document: Document, chunks: list[str], trim: bool = True, record: bool = False) -> int:
+    def publish_chunks(self, document: Document, chunks: list[str], trim: bool = True, record: bool = False,
+                       ids: ChunkIds | None = None) -> int:
         """Publish already-chunked text (a documents-log record only with ``record``, e.g. from the CDC
         bridge; a replay must not); with ``trim`` a delete of the chunks past the new count follows, so
-        a document that shrank loses its leftover chunks."""
-        count = self._publish_chunks(document, chunks, replace=False, record=record)
+        a document that shrank loses its leftover chunks. With ``ids`` (a model chunker's ``ids``) the
+        chunks carry their token ids."""
+        count = self._publish_chunks(document, chunks, replace=False, record=record, ids=_ids(ids, chunks))
         if trim:
             self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
         return count
 
-    def _publish_chunks(self, document: Document, chunks: list[str], replace: bool, record: bool = True) -> int:
+    def _publish_chunks(self, document: Document, chunks: list[str], replace: bool, record: bool = True,
+                        ids: tuple[ChunkIds, list[str | None]] | None = None) -> int:
         if replace:
             self.publish_delete(DocumentDelete(doc_id=document.doc_id, collection=self.collection))
         created = now_ms()
@@ -135,6 +141,9 @@ class ChunkPublisher:
                                     created_at_ms=created)
             self._send(document.doc_id, encode(record_event), self.settings.topic_documents)
         for index, text in enumerate(chunks):
+            token_ids = ids[1][index] if ids is not None else None
+            pretokenized = {} if token_ids is None else {
+                "token_ids": token_ids, "token_dtype": ids[0].dtype, "tokenizer": ids[0].fingerprint}
             self.publish_chunk(
                 ChunkEvent(
                     doc_id=document.doc_id,
@@ -146,6 +155,7 @@ class ChunkPublisher:
                     content_hash=content_hash(text),
                     lane=self.lane,
                     created_at_ms=created,
+                    **pretokenized,
                 )
             )
         return len(chunks)
@@ -210,3 +220,11 @@ class ChunkPublisher:
                 self.close()
             except Exception:  # noqa: BLE001
                 log.exception("closing the publisher after an error failed", topic=self.topic)
+
+
+def _ids(ids: ChunkIds | None, chunks: list[str], encoded=None) -> tuple[ChunkIds, list[str | None]] | None:
+    """The chunks' wire ids with what made them: taken from ``encoded`` (an iterator over a batch's
+    ids, in order) or encoded now; None without a model chunker."""
+    if ids is None:
+        return None
+    return ids, [next(encoded) for _ in chunks] if encoded is not None else ids.encode(chunks)

@@ -50,8 +50,12 @@ path separators or spaces)."""
 
 TOPIC_PATTERN = COLLECTION_PATTERN = SAFE_NAME_PATTERN
 
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+"""Canonical, padded standard base64 (RFC 4648): pre-tokenized chunks' ``token_ids``."""
+
 PATTERN_HINTS = {
     PRINTABLE_PATTERN: "must not contain control characters",
+    BASE64_PATTERN: "must be padded standard base64 (RFC 4648)",
     SAFE_NAME_PATTERN: "must use only [a-zA-Z0-9._-] and not start with '.'",
 }
 """What a pattern means, for refusal messages (pydantic would quote the regular expression)."""

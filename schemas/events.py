@@ -12,8 +12,10 @@ import hashlib
 import time
 from typing import Annotated, Any, Literal, Union
 
+import numpy as np
 from pydantic import (
     BaseModel,
+    PrivateAttr,
     BeforeValidator,
     ConfigDict,
     Discriminator,
@@ -39,6 +41,12 @@ from embedstream.schemas.bounds import (
     bounded_int,
     integral,
 )
+from embedstream.schemas.token_ids import (
+    BASE64_PATTERN,
+    MAX_TOKEN_IDS_CHARS,
+    TokenDtype,
+    decode_token_ids,
+)
 
 SCHEMA_VERSION: Literal[1] = 1
 SUPPORTED_SCHEMA_VERSIONS: tuple[int, ...] = (1,)
@@ -49,6 +57,7 @@ PromptKind = Literal["query", "document"]
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 SHA256_HEX_PATTERN = r"^[0-9a-f]{64}$"
+TOKENIZER_FINGERPRINT_PATTERN = r"^[0-9a-f]{32}$"
 
 
 def content_hash(text: str) -> str:
@@ -81,14 +90,16 @@ class ErrorInfo(BaseModel):
 
 
 class ChunkEvent(WireModel):
-    """One chunk of a document to embed and upsert; keyed by doc_id so a document's events stay ordered."""
+    """One chunk of a document to embed and upsert; keyed by doc_id so a document's events stay ordered.
 
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"doc_id": "guide/intro.md", "chunk_id": 0, "text": "Kafka keeps records in order per partition."},
-        {"schema_version": 1, "kind": "chunk", "doc_id": "go-1", "chunk_id": 3, "text": "Grüße ✓",
-         "metadata": {"lang": "de", "tags": ["a", "b"]}, "collection": "docs", "lane": "bulk",
-         "created_at_ms": 1700000000000},
-    ]})
+    Pre-tokenized chunks also carry ``token_ids`` (see :mod:`embedstream.schemas.token_ids`) and the
+    ``tokenizer`` fingerprint they were made with (:func:`embedstream.engine.tokenize.tokenizer_fingerprint`):
+    the complete input sequence the model's tokenizer gives for the model's document prompt followed by
+    the text, special tokens included. A worker whose model has the same fingerprint embeds the ids
+    without tokenizing; any other worker tokenizes ``text``.
+    """
+
+    model_config = ConfigDict(json_schema_extra=lambda schema: _chunk_schema(schema))
 
     kind: Literal["chunk"] = Field(default="chunk", description="Optional on the chunk topics: an event without kind is a chunk")
     doc_id: DocId
@@ -104,11 +115,48 @@ class ChunkEvent(WireModel):
     )
     lane: Lane | None = None
     created_at_ms: EpochMs | None = Field(default=None, description="Epoch ms when the producer made the event")
+    token_ids: str | None = Field(
+        default=None, max_length=MAX_TOKEN_IDS_CHARS, pattern=BASE64_PATTERN,
+        json_schema_extra={"contentEncoding": "base64"},
+        description="The model input for the document prompt + text, special tokens included: base64 of "
+                    "little-endian token_dtype integers; needs tokenizer. Checked by the decoder: 1 to 32768 ids, a whole number of them",
+    )
+    token_dtype: TokenDtype = Field(default="int32", description="Width of each id in token_ids: uint16 or int32")
+    tokenizer: str | None = Field(
+        default=None, pattern=TOKENIZER_FINGERPRINT_PATTERN,
+        description="Fingerprint of the tokenization that made token_ids (32 hex digits)",
+    )
+    _token_array: np.ndarray | None = PrivateAttr(default=None)
 
     @field_validator("content_hash", mode="before")
     @classmethod
     def _lowercase_hash(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _decode_token_ids(self) -> "ChunkEvent":
+        if self.token_ids is None:
+            return self
+        if self.tokenizer is None:
+            raise ValueError("token_ids needs the tokenizer fingerprint they were made with")
+        self._token_array = decode_token_ids(self.token_ids, self.token_dtype)
+        return self
+
+    def token_id_array(self) -> np.ndarray | None:
+        """The decoded ids (decoded once, when the event was validated), or None for a text-only chunk."""
+        return self._token_array
+
+
+def _chunk_schema(schema: dict[str, Any]) -> None:
+    schema["dependentRequired"] = {"token_ids": ["tokenizer"]}
+    schema["examples"] = [
+        {"doc_id": "guide/intro.md", "chunk_id": 0, "text": "Kafka keeps records in order per partition."},
+        {"schema_version": 1, "kind": "chunk", "doc_id": "go-1", "chunk_id": 3, "text": "Grüße ✓",
+         "metadata": {"lang": "de", "tags": ["a", "b"]}, "collection": "docs", "lane": "bulk",
+         "created_at_ms": 1700000000000},
+        {"doc_id": "go-1", "chunk_id": 4, "text": "hello world", "token_ids": "ZQCoHSgIZgA=",
+         "token_dtype": "uint16", "tokenizer": "0123456789abcdef0123456789abcdef"},
+    ]
 
 
 class DocumentDelete(WireModel):

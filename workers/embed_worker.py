@@ -140,7 +140,8 @@ class EmbedWorker(WorkerLoop):
         if isinstance(event, QueryRequest):
             return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, normalize=event.normalize,
                                 truncate=event.truncate, prompt=event.prompt)
-        return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document")
+        return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document",
+                            token_ids=event.token_id_array(), tokenizer=event.tokenizer)
 
     def _reject(self, lane: Lane, record, handle, event, err: EngineError) -> None:
         info = ErrorInfo(code=err.code, message=err.message)

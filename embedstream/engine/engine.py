@@ -23,7 +23,7 @@ from embedstream.engine.model_spec import ModelSpec, resolve_model
 from embedstream.engine.packed import pack_sequences
 from embedstream.engine.postprocess import Quantized
 from embedstream.engine.runner import ForwardTimings, ModelRunner
-from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer
+from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer, st_lowercase
 
 
 @dataclass
@@ -35,6 +35,11 @@ class EmbedRequest:
     normalize: bool | None = None  # None: as the model was trained
     truncate: bool | None = None  # None: the model config's default
     prompt: str | None = None  # "query" | "document" | None
+    # Pre-tokenized input (a chunk event's ``token_ids``): the complete sequence the model's tokenizer
+    # gives for the document prompt + text, special tokens included; used only for prompt "document"
+    # when ``tokenizer`` equals the engine's ``document_fingerprint``, else the text is tokenized.
+    token_ids: np.ndarray | None = None
+    tokenizer: str | None = None  # the fingerprint the ids were made with
 
 
 @dataclass
@@ -114,8 +119,13 @@ class Engine:
         self.runner = runner or ModelRunner(
             spec, settings.device, settings.backend, settings.threads, settings.precision
         )
-        lowercase = bool(_st_lowercase(spec))
-        self.tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, lowercase)
+        self.tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, st_lowercase(spec.path))
+        model_vocab = getattr(getattr(self.runner, "config", None), "vocab_size", None)
+        if isinstance(model_vocab, int) and 0 < model_vocab < self.tokenizer.vocab_size:
+            self.tokenizer.vocab_size = model_vocab  # an id past the embedding table would fail the forward pass
+        # What a producer's pre-tokenized chunks must carry to be used as they are (see EmbedRequest).
+        self.document_fingerprint = (self.tokenizer.fingerprint(spec.document_prompt)
+                                     if self.tokenizer.single_type_ids_zero else None)
         self.head = self.runner.head
         self.dimensions = self.head.dimensions if isinstance(self.head, EmbeddingHead) else self.runner.hidden_size
         self.max_text_bytes = settings.max_text_bytes
@@ -130,7 +140,10 @@ class Engine:
         return {"query": self.spec.query_prompt, "document": self.spec.document_prompt}.get(request.prompt or "")
 
     def prepare(self, requests: list[EmbedRequest], timings: StageTimings | None = None) -> list[Prepared | EngineError]:
-        """Validate and tokenise; a bad request becomes an EngineError in its slot."""
+        """Validate and tokenise; a bad request becomes an EngineError in its slot.
+
+        Pre-tokenized requests whose fingerprint is the engine's are checked (ids in the vocabulary,
+        within the limit) and packed as they are; the rest are tokenized in one batch call."""
         start = time.perf_counter()
         out: list[Prepared | EngineError | None] = [None] * len(requests)
         todo: list[int] = []
@@ -138,25 +151,39 @@ class Engine:
             raise EngineError("wrong_model_kind", f"model {self.spec.name!r} is a {self.spec.kind} model, not an embedder")
         for i, req in enumerate(requests):
             try:
-                TextTokenizer.check_text(req.text, max_bytes=self.max_text_bytes)
                 self.head.check(req.dimensions, req.dtype)
+                if req.token_ids is not None and req.prompt == "document":
+                    if req.tokenizer is not None and req.tokenizer == self.document_fingerprint:
+                        out[i] = self._prepared(req, self._pretokenized(req), self.spec.document_prompt)
+                        continue
+                    if not (isinstance(req.text, str) and req.text.strip()):
+                        raise EngineError("tokenizer_mismatch", (
+                            f"the chunk's token ids were made with tokenizer {req.tokenizer}, not this model's "
+                            f"({self.document_fingerprint}), and it has no text to tokenize instead"))
+                TextTokenizer.check_text(req.text, max_bytes=self.max_text_bytes)
                 todo.append(i)
             except EngineError as err:
                 out[i] = err
         prompts = [self._prompt(requests[i]) for i in todo]
         texts = [f"{prompt}{requests[i].text}" if prompt else requests[i].text for i, prompt in zip(todo, prompts)]
-        truncate = [requests[i].truncate if requests[i].truncate is not None else self.spec.truncate for i in todo]
-        for i, prompt, tok in zip(todo, prompts, self.tokenizer.encode_many(texts, truncate)):
-            if isinstance(tok, EngineError):
-                out[i] = tok
-                continue
-            if prompt and not self.spec.include_prompt:
-                tok.prompt_tokens = self.tokenizer.prompt_tokens(prompt)
-            norm = requests[i].normalize if requests[i].normalize is not None else self.spec.normalize
-            out[i] = Prepared(requests[i], tok, norm)
+        truncate = [self._may_truncate(requests[i]) for i in todo]
+        for i, prompt, tok in zip(todo, prompts, self.tokenizer.encode_many(texts, truncate) if todo else ()):
+            out[i] = tok if isinstance(tok, EngineError) else self._prepared(requests[i], tok, prompt)
         if timings is not None:
             timings.tokenize_ms += (time.perf_counter() - start) * 1000
         return out  # type: ignore[return-value]
+
+    def _may_truncate(self, request: EmbedRequest) -> bool:
+        return request.truncate if request.truncate is not None else self.spec.truncate
+
+    def _pretokenized(self, request: EmbedRequest) -> Tokenized:
+        return self.tokenizer.check_ids(request.token_ids, self._may_truncate(request))
+
+    def _prepared(self, request: EmbedRequest, tok: Tokenized, prompt: str | None) -> Prepared:
+        if prompt and not self.spec.include_prompt:
+            tok.prompt_tokens = self.tokenizer.prompt_tokens(prompt)
+        norm = request.normalize if request.normalize is not None else self.spec.normalize
+        return Prepared(request, tok, norm)
 
     def forward(self, items: list[Prepared], timings: StageTimings) -> np.ndarray:
         """One packed forward pass over items that fit one batch; float32 [N, D] in item order."""
@@ -248,10 +275,3 @@ class Engine:
                 i, tok = members[member_pos]
                 results[i] = ScoreResult(requests[i].id, float(scores[packed_pos]), len(tok), tok.truncated)
         return results, timings  # type: ignore[return-value]
-
-
-def _st_lowercase(spec: ModelSpec) -> bool:
-    import json
-
-    path = spec.path / "sentence_bert_config.json"
-    return bool(path.is_file() and json.loads(path.read_text()).get("do_lower_case"))

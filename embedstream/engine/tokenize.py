@@ -6,9 +6,12 @@ marked truncated so the reply can say so. No padding is ever produced here.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from embedstream.engine.errors import ConfigError, EngineError
@@ -46,6 +49,33 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     return backend
 
 
+def st_lowercase(folder: Path) -> bool:
+    """Whether sentence-transformers lowercases texts before tokenizing (``do_lower_case``)."""
+    path = folder / "sentence_bert_config.json"
+    return bool(path.is_file() and json.loads(path.read_text()).get("do_lower_case"))
+
+
+# Parts of tokenizer.json that cannot change an encoding's ids (the decoder maps ids back to text;
+# truncation and padding are switched off wherever embedstream tokenizes).
+_FINGERPRINT_EXCLUDED = ("decoder", "truncation", "padding", "version")
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer, lowercase: bool = False, prompt: str | None = None) -> str:
+    """A stable 128-bit hash (32 hex digits) of everything that decides the ids of a prompted text.
+
+    In: the tokenizer's whole ``tokenizer.json`` (model type and vocabulary/merges, normalizer,
+    pre-tokenizer, post-processor with its special-token template, added and special tokens) as
+    canonical JSON, less the parts that cannot change ids (decoder, truncation, padding, version);
+    the sentence-transformers ``do_lower_case`` flag; the prompt put before the text (the model's
+    document prompt). Two models with equal fingerprints turn a chunk into the same ids; the token
+    limit is not in it (each engine checks the count against its own). MiniLM's takes ~40 ms: compute
+    it once per tokenizer."""
+    config = {k: v for k, v in json.loads(tokenizer.to_str()).items() if k not in _FINGERPRINT_EXCLUDED}
+    material = {"tokenizer": config, "lowercase": bool(lowercase), "prompt": prompt or ""}
+    canonical = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
 class TextTokenizer:
     """Checks and tokenises texts for one model, enforcing its token limit."""
 
@@ -58,6 +88,48 @@ class TextTokenizer:
         self.special_pair = processor.num_special_tokens_to_add(True) if processor else 0
         self._special_ids = {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
         self._prompt_tokens: dict[str, int] = {}
+        self._fingerprints: dict[str, str] = {}
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # Where the post-processor puts its special tokens around one sequence ([CLS] x [SEP]: 1 and 1),
+        # and whether a single sequence's type ids are all 0 (BERT, RoBERTa): what pre-tokenized ids need.
+        probe = tokenizer.encode("a", add_special_tokens=True)
+        mask = probe.special_tokens_mask
+        self.special_prefix = next((i for i, m in enumerate(mask) if not m), len(mask))
+        self.special_suffix = sum(mask[self.special_prefix:])
+        self.single_type_ids_zero = not any(probe.type_ids)
+
+    def fingerprint(self, prompt: str | None = None) -> str:
+        """:func:`tokenizer_fingerprint` of this tokenizer for texts after ``prompt`` (computed once per prompt)."""
+        key = prompt or ""
+        found = self._fingerprints.get(key)
+        if found is None:
+            found = self._fingerprints[key] = tokenizer_fingerprint(self.tokenizer, self.lowercase, prompt)
+        return found
+
+    def check_ids(self, ids: object, may_truncate: bool) -> Tokenized:
+        """Pre-tokenized ids (a full model input, special tokens included) as a Tokenized, or EngineError.
+
+        Refused: not a 1-D integer array, empty, an id outside ``0..vocab_size-1``, more ids than the
+        model's limit unless truncation is allowed (then the text part is cut and the trailing special
+        tokens kept, as the text path cuts before adding them)."""
+        if not isinstance(ids, np.ndarray) or ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise EngineError("invalid_token_ids", "token_ids must be a 1-D array of integers")
+        if ids.size == 0:
+            raise EngineError("invalid_token_ids", "token_ids is empty")
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            raise EngineError("token_id_out_of_range",
+                              f"token id {bad} is outside the model's vocabulary (0..{self.vocab_size - 1})")
+        truncated = False
+        if ids.size > self.max_tokens:
+            if not may_truncate:
+                raise EngineError("too_long", f"token_ids has {ids.size} tokens, over the model's limit of "
+                                              f"{self.max_tokens} (chunk it, or ask for truncation)")
+            keep = self.max_tokens - self.special_suffix
+            ids = np.concatenate([ids[:keep], ids[ids.size - self.special_suffix:]]) if self.special_suffix else ids[:keep]
+            truncated = True
+        return Tokenized(ids.tolist(), [0] * int(ids.size), truncated)
 
     def prompt_tokens(self, prompt: str) -> int:
         """How many leading tokens of a prompted text are the prompt, counted as sentence-transformers

@@ -41,6 +41,7 @@ def _nest(depth: int) -> dict:
 
 
 CHUNK = {"doc_id": "go-1", "chunk_id": 0, "text": "…"}
+FINGERPRINT = "0123456789abcdef" * 2
 QUERY = {"request_id": "r", "text": "q", "reply_to": "embedstream.replies"}
 RERANK = {"request_id": "r", "query": "q", "reply_to": "embedstream.replies"}
 SEARCH = {"request_id": "s", "query": "q", "reply_to": "embedstream.replies"}
@@ -54,6 +55,8 @@ _CHUNK_VALID = [
     CHUNK | {"metadata": _nest(4), "collection": "docs_v2", "model": "all-MiniLM-L6-v2", "lane": "online",
              "doc_id": "文書/ü ✓", "content_hash": "ab" * 32},
     CHUNK | {"metadata": {f"k{i}": i for i in range(64)}},
+    CHUNK | {"token_ids": "ZQCoHSgIZgA=", "token_dtype": "uint16", "tokenizer": FINGERPRINT},
+    CHUNK | {"text": "", "token_ids": "ZQAAAA==", "tokenizer": FINGERPRINT},  # int32 by default; ids without text
 ]
 _CHUNK_INVALID = [  # (instance, what the decoder's reason must name)
     (CHUNK | {"chunk_id": 2**64}, "chunk_id"),
@@ -81,6 +84,12 @@ _CHUNK_INVALID = [  # (instance, what the decoder's reason must name)
     (CHUNK | {"lane": "fast"}, "lane"),
     (CHUNK | {"schema_version": 2}, "schema_version"),
     ({"text": "t", "chunk_id": 0}, "doc_id"),
+    (CHUNK | {"token_ids": "ZQCoHSgIZgA="}, "tokenizer"),  # ids without the fingerprint they were made with
+    (CHUNK | {"token_ids": "ZQC!HSgIZgA=", "tokenizer": FINGERPRINT}, "token_ids"),
+    (CHUNK | {"token_ids": "ZQCoHSgIZgA", "tokenizer": FINGERPRINT}, "token_ids"),  # unpadded
+    (CHUNK | {"token_ids": "A" * 174_768, "tokenizer": FINGERPRINT}, "token_ids"),
+    (CHUNK | {"token_ids": "ZQCoHSgIZgA=", "token_dtype": "uint8", "tokenizer": FINGERPRINT}, "token_dtype"),
+    (CHUNK | {"token_ids": "ZQCoHSgIZgA=", "token_dtype": "uint16", "tokenizer": "XYZ"}, "tokenizer"),
 ]
 
 VALID: dict[str, list[dict]] = {
