@@ -37,6 +37,11 @@ POLICIES = ("aimd", "deadline", "fixed")
 DEADLINE_PAST = "deadline_past"  # the request arrived with its deadline already gone
 EXPIRED_IN_QUEUE = "expired_in_queue"  # the deadline passed while it queued
 PREDICTED_LATE = "predicted_late"  # it cannot finish in time given the work ahead and the predicted compute
+SHED_MESSAGES = {
+    DEADLINE_PAST: "the request's deadline had passed when it arrived",
+    EXPIRED_IN_QUEUE: "the request's deadline passed before it was served",
+    PREDICTED_LATE: "the request cannot be served by its deadline (work queued ahead of it and the predicted compute)",
+}
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from embedstream.schemas import ErrorInfo
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
-from embedstream.workers.admission import AdmissionConfig, LaneController
+from embedstream.workers.admission import SHED_MESSAGES, AdmissionConfig, LaneController
 from embedstream.workers.batching_window import BatchingWindow
 from embedstream.workers.lane import Taken
 from embedstream.workers.loop import WorkerLoop, new_worker_id
@@ -201,10 +201,7 @@ class RerankWorker(WorkerLoop):
 
     def _shed(self, item: _Item, reason: str) -> None:
         waited = (time.perf_counter() - item.received) * 1000
-        messages = {"deadline_past": "the request's deadline had passed when it arrived",
-                    "expired_in_queue": "the request's deadline passed before it was served",
-                    "predicted_late": "the request cannot be served by its deadline (queued work and predicted compute)"}
-        self._reject(item, "deadline_exceeded", messages.get(reason, reason), {"queue_wait": waited, "total": waited})
+        self._reject(item, "deadline_exceeded", SHED_MESSAGES[reason], {"queue_wait": waited, "total": waited})
         self.metrics.shed.labels(lane=item.lane, reason=reason).inc()
 
     def _reject(self, item: _Item, code: str, message: str, timings: dict | None = None) -> None:

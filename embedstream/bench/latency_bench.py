@@ -302,9 +302,9 @@ def _progress(step: Step) -> None:
 
 
 def run(rates: list[float], rerank_rates: list[float], policies: list[str], port: int = 9092, step_s: float = 6.0,
-        rerank_step_s: float = 10.0, max_requests: int = 2000, target_ms: float = 30.0, rerank_target_ms: float = 400.0,
+        rerank_step_s: float = 10.0, max_requests: int = 2000, target_ms: float = 30.0, rerank_target_ms: float = 500.0,
         deadline_ms: float | None = None, rerank_deadline_ms: float | None = None, backlog: bool = True,
-        backlog_docs: int = 400, warmup: int = 120, rerank_warmup: int = 5, candidate_words: int = 16,
+        backlog_docs: int = 400, warmup: int = 120, rerank_warmup: int = 5, candidate_words: int = 10,
         rerank: bool = True, out_dir: str = "bench-results", keep_logs: bool = False) -> LatencyBenchResult:
     from embedstream.bench.rerank_bench import build_minilm_cross_encoder
     from embedstream.engine.model_spec import resolve_model
@@ -410,22 +410,27 @@ def print_table(result: LatencyBenchResult) -> None:
 
 
 def plot(result: LatencyBenchResult, path: str) -> None:
-    """p95 against offered QPS, a line per policy, the target dashed; one panel per lane and load."""
+    """p95 against offered QPS, a line per policy, the target dashed; one column per lane and load, shed % below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = sorted({(s.kind, s.backlog) for s in result.steps})
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.5), squeeze=False)
-    for ax, (kind, backlog) in zip(axes[0], panels):
+    fig, axes = plt.subplots(2, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 7.5), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1.4]})
+    for column, (kind, backlog) in enumerate(panels):
+        ax, shed_ax = axes[0][column], axes[1][column]
         target = result.target_ms if kind == "embed" else result.rerank_target_ms
         for policy in POLICIES:
             steps = sorted((s for s in result.steps if s.kind == kind and s.backlog == backlog and s.policy == policy),
                            key=lambda s: s.offered_qps)
             if steps:
-                ax.plot([s.offered_qps for s in steps], [s.p95 for s in steps], marker="o", label=policy,
-                        linewidth=2.5 if policy in ("aimd", "deadline") else 1.2)
+                width = 2.5 if policy in ("aimd", "deadline") else 1.2
+                rates = [s.offered_qps for s in steps]
+                ax.plot(rates, [s.p95 for s in steps], marker="o", label=policy, linewidth=width)
+                shed_ax.plot(rates, [s.shed_pct + 100.0 * s.failed / max(1, s.sent) for s in steps], marker=".",
+                             linewidth=width)
         ax.axhline(target, color="red", linestyle="--", label=f"target {target:g} ms")
         ax.set_yscale("log")
         ax.set_xlabel("offered QPS")
@@ -433,6 +438,10 @@ def plot(result: LatencyBenchResult, path: str) -> None:
         ax.set_title(f"{kind}, {'bulk backlog draining' if backlog else 'idle'}")
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
+        shed_ax.set_xlabel("offered QPS")
+        shed_ax.set_ylabel("shed or failed, %")
+        shed_ax.set_ylim(-2, 102)
+        shed_ax.grid(True, alpha=0.3)
     fig.suptitle(f"bench latency - {result.cpu}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

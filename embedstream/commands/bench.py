@@ -113,12 +113,12 @@ def bench_rerank(
 def bench_latency(
     rate: Optional[list[float]] = typer.Option(None, help="Offered query rates (QPS), repeat the flag; default: "
                                                            "25 50 100 150 200 250 (quick: 25 75 150 225)"),
-    rerank_rate: Optional[list[float]] = typer.Option(None, help="Offered rerank rates; default 1 2 4 6 (quick: 1 3 6)"),
+    rerank_rate: Optional[list[float]] = typer.Option(None, help="Offered rerank rates; default 0.5 1 2 3 (quick: 1 2 3)"),
     policy: Optional[list[str]] = typer.Option(None, help="fixed-0 fixed-2 fixed-5 fixed-10 aimd deadline (default: all)"),
     step_s: Optional[float] = typer.Option(None, help="Seconds per offered rate (default 6, quick 3)"),
     max_requests: int = typer.Option(2000, help="Most requests per step"),
     target_ms: Optional[float] = typer.Option(None, help="Query p95 target (default: EMBEDSTREAM_WORKER__LATENCY_TARGET_MS)"),
-    rerank_target_ms: float = typer.Option(400.0, help="Rerank p95 target (50 candidates on this host's CPU)"),
+    rerank_target_ms: float = typer.Option(500.0, help="Rerank p95 target (50 candidates: ~250 ms of compute on 1 thread here)"),
     deadline_ms: Optional[float] = typer.Option(None, help="Deadline each query carries (default: the target)"),
     no_backlog: bool = typer.Option(False, "--no-backlog", help="Only idle workers (no bulk backlog steps)"),
     no_rerank: bool = typer.Option(False, "--no-rerank", help="Leave out the rerank worker"),
@@ -136,7 +136,7 @@ def bench_latency(
         raise typer.BadParameter(f"policy must be among {list(latency_bench.POLICIES)}, got {bad}")
     result = latency_bench.run(
         rate or ([25, 75, 150, 225] if quick else [25, 50, 100, 150, 200, 250]),
-        rerank_rate or ([1, 3, 6] if quick else [1, 2, 4, 6]), policy or list(latency_bench.POLICIES), port=port,
+        rerank_rate or ([1, 2, 3] if quick else [0.5, 1, 2, 3]), policy or list(latency_bench.POLICIES), port=port,
         step_s=step_s or (3.0 if quick else 6.0), rerank_step_s=(6.0 if quick else 10.0), max_requests=max_requests,
         target_ms=target_ms or Settings().worker.latency_target_ms, rerank_target_ms=rerank_target_ms,
         deadline_ms=deadline_ms, backlog=not no_backlog, rerank=not no_rerank, out_dir=out,
