@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import (
     BaseModel,
-    PrivateAttr,
     BeforeValidator,
     ConfigDict,
     Discriminator,
@@ -45,6 +44,7 @@ from embedstream.schemas.token_ids import (
     BASE64_PATTERN,
     MAX_TOKEN_IDS_CHARS,
     TokenDtype,
+    count_token_ids,
     decode_token_ids,
 )
 
@@ -126,7 +126,6 @@ class ChunkEvent(WireModel):
         default=None, pattern=TOKENIZER_FINGERPRINT_PATTERN,
         description="Fingerprint of the tokenization that made token_ids (32 hex digits)",
     )
-    _token_array: np.ndarray | None = PrivateAttr(default=None)
 
     @field_validator("content_hash", mode="before")
     @classmethod
@@ -134,17 +133,16 @@ class ChunkEvent(WireModel):
         return value.lower() if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _decode_token_ids(self) -> "ChunkEvent":
-        if self.token_ids is None:
-            return self
-        if self.tokenizer is None:
-            raise ValueError("token_ids needs the tokenizer fingerprint they were made with")
-        self._token_array = decode_token_ids(self.token_ids, self.token_dtype)
+    def _check_token_ids(self) -> "ChunkEvent":
+        if self.token_ids is not None:
+            if self.tokenizer is None:
+                raise ValueError("token_ids needs the tokenizer fingerprint they were made with")
+            count_token_ids(self.token_ids, self.token_dtype)  # shape and count; no decoding at intake
         return self
 
     def token_id_array(self) -> np.ndarray | None:
-        """The decoded ids (decoded once, when the event was validated), or None for a text-only chunk."""
-        return self._token_array
+        """The ids (a read-only little-endian array, ~1 µs to decode for 200 ids), or None for a text-only chunk."""
+        return None if self.token_ids is None else decode_token_ids(self.token_ids, self.token_dtype)
 
 
 def _chunk_schema(schema: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from embedstream.schemas.bounds import BASE64_PATTERN
 
-__all__ = ["BASE64_PATTERN", "MAX_TOKEN_IDS", "decode_token_ids", "dtype_for_vocab", "encode_token_ids"]
+__all__ = ["BASE64_PATTERN", "MAX_TOKEN_IDS", "count_token_ids", "decode_token_ids", "dtype_for_vocab", "encode_token_ids"]
 
 TokenDtype = Literal["uint16", "int32"]
 
@@ -45,6 +45,23 @@ def encode_token_ids(ids: Sequence[int] | np.ndarray, dtype: TokenDtype) -> str:
     if array.size and (array.min() < info.min or array.max() > info.max):
         raise ValueError(f"token ids outside the {dtype} range")
     return binascii.b2a_base64(array.astype(_NUMPY_DTYPES[dtype]).tobytes(), newline=False).decode("ascii")
+
+
+def count_token_ids(encoded: str, dtype: str) -> int:
+    """How many ids ``encoded`` holds, checked without decoding it (what validating an event costs:
+    arithmetic on a string whose base64 shape the schema's pattern already checked); ValueError when
+    it is not a whole number of ids, or not 1 to ``MAX_TOKEN_IDS`` of them."""
+    item = ITEM_BYTES.get(dtype)
+    if item is None:
+        raise ValueError(f"token_dtype must be one of {', '.join(ITEM_BYTES)}, got {dtype!r}")
+    size = len(encoded) // 4 * 3 - (len(encoded) - len(encoded.rstrip("="))) if len(encoded) % 4 == 0 else -1
+    if size < 0:
+        raise ValueError("token_ids is not valid base64 (its length is not a multiple of 4)")
+    if size % item:
+        raise ValueError(f"token_ids holds {size} bytes, not a whole number of {dtype} ids ({item} bytes each)")
+    if not 1 <= size // item <= MAX_TOKEN_IDS:
+        raise ValueError(f"token_ids must hold 1 to {MAX_TOKEN_IDS} ids, got {size // item}")
+    return size // item
 
 
 def decode_token_ids(encoded: str, dtype: str) -> np.ndarray:
