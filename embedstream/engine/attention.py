@@ -5,7 +5,7 @@ which kernels this process can run):
 
 1. ``flash-attn-varlen``: the flash-attn package's ``flash_attn_varlen_func`` (CUDA, fp16/bf16,
    head size <= 256), when it is installed (optional: it rarely installs cleanly).
-2. ``torch-varlen-attn``: torch's own ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10;
+2. ``torch-varlen-attn``: torch's own ``torch.nn.attention.varlen.varlen_attn`` (in the pinned torch;
    cuDNN or torch's bundled flash kernel, whichever torch picks; CUDA, fp16/bf16, head size a
    multiple of 8 up to 256, an Ampere or newer GPU).
 3. ``sdpa-grouped-by-length``: scaled-dot-product attention run once per run of equal-length
@@ -33,7 +33,7 @@ try:  # optional GPU kernel
 except Exception:  # noqa: BLE001 - missing or built for another CUDA: fall back silently
     flash_attn_varlen_func = None
 
-try:  # torch >= 2.10
+try:  # torch's own varlen kernel (the pinned torch has it)
     from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
 except ImportError:  # older torch: the next kernel down
     torch_varlen_attn = None

@@ -189,3 +189,16 @@ def test_the_real_torch_varlen_attn_accepts_the_call(causal, kv_heads):
     q, k, v = (t.to("meta", torch.bfloat16) for t in _qkv(batch.total_tokens, 4, kv_heads, head_dim=32))
     out = attention._torch_varlen(q, k, v, batch, causal)
     assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.device.type == "meta"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("causal", "kv_heads"), [(False, 4), (True, 2)])
+def test_on_cuda_the_chosen_varlen_kernel_matches_grouped_sdpa(causal, kv_heads):
+    device = torch.device("cuda")
+    kernel = attention_kernel_name(device, BF16, 32)
+    batch = pack_sequences(_items([130, 130, 64, 17, 17, 1])).to(device)
+    q, k, v = (t.to(device, BF16) for t in _qkv(batch.total_tokens, 4, kv_heads, head_dim=32))
+    got = varlen_attention(q, k, v, batch, causal=causal)
+    want = grouped_sdpa(q, k, v, batch, causal, torch.empty(q.shape, dtype=BF16, device=device))
+    assert kernel in (FLASH_ATTN, TORCH_VARLEN), f"an Ampere+ GPU should run a varlen kernel, got {kernel}"
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
