@@ -26,6 +26,7 @@ compute-time model. Per online lane (embed: queries and online chunks; rerank; s
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -88,32 +89,36 @@ class ComputeModel:
         self.decay = decay
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self.passes = 0
+        self._lock = threading.Lock()  # the model stage observes while intake predicts
 
     def observe(self, tokens: int, ms: float) -> None:
         if tokens <= 0 or ms < 0 or math.isnan(ms):
             return
         d = self.decay
-        self._w = d * self._w + 1.0
-        self._x = d * self._x + tokens
-        self._y = d * self._y + ms
-        self._xx = d * self._xx + tokens * tokens
-        self._xy = d * self._xy + tokens * ms
-        self.passes += 1
+        with self._lock:
+            self._w = d * self._w + 1.0
+            self._x = d * self._x + tokens
+            self._y = d * self._y + ms
+            self._xx = d * self._xx + tokens * tokens
+            self._xy = d * self._xy + tokens * ms
+            self.passes += 1
 
     def coefficients(self) -> tuple[float, float]:
         """(a ms, b ms per token); (0, 0) before any pass."""
-        if self._w == 0:
+        with self._lock:
+            w, x, y, xx, xy = self._w, self._x, self._y, self._xx, self._xy
+        if w == 0:
             return 0.0, 0.0
-        mean_x, mean_y = self._x / self._w, self._y / self._w
-        var = self._xx / self._w - mean_x * mean_x
+        mean_x, mean_y = x / w, y / w
+        var = xx / w - mean_x * mean_x
         if var > 1e-6 * max(1.0, mean_x * mean_x):
-            b = (self._xy / self._w - mean_x * mean_y) / var
+            b = (xy / w - mean_x * mean_y) / var
             a = mean_y - b * mean_x
             if b >= 0 and a >= 0:
                 return a, b
             if b < 0:  # noise made larger passes look cheaper: flat cost
                 return mean_y, 0.0
-            return 0.0, (self._xy / self._xx)  # negative intercept: proportional fit through the origin
+            return 0.0, xy / xx  # negative intercept: proportional fit through the origin
         return 0.0, mean_y / mean_x if mean_x else 0.0
 
     def predict(self, tokens: int, max_pass_tokens: int | None = None) -> float:
@@ -139,18 +144,21 @@ class LatencyTracker:
         self.horizon_s = horizon_s
         self.clock = clock
         self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self._lock = threading.Lock()  # replies are observed on one thread, the p95 read on others
 
     def observe(self, ms: float) -> None:
-        self._samples.append((self.clock(), ms))
+        with self._lock:
+            self._samples.append((self.clock(), ms))
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile of recent samples, or None when there are fewer than 5."""
         horizon = self.clock() - self.horizon_s
-        while self._samples and self._samples[0][0] < horizon:
-            self._samples.popleft()
-        if len(self._samples) < 5:
-            return None
-        values = sorted(ms for _, ms in self._samples)
+        with self._lock:
+            while self._samples and self._samples[0][0] < horizon:
+                self._samples.popleft()
+            if len(self._samples) < 5:
+                return None
+            values = sorted(ms for _, ms in self._samples)
         return values[min(len(values) - 1, int(q * len(values)))]
 
     def p95(self) -> float | None:
