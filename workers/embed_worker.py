@@ -6,13 +6,20 @@ window) and bulk (bulk chunks). Which queued work forms the next forward pass is
 ``Scheduler``'s decision (online first, bulk fills the leftover budget, bulk sliced while online
 traffic is recent). Offsets are committed only after the sink write (or reply / dead letter) for
 every earlier record of the partition succeeded. Undecodable or invalid records, and records the
-sink rejects for good, go to the dead-letter topic with the reason and the loop carries on. Queues
-are bounded: a slow sink pauses consumption.
+sink rejects for good, go to the dead-letter topic with the reason and the worker carries on.
+
+It runs as three overlapped stages (``workers/stages.py``): intake (poll, decode, validate,
+tokenise: the next batch is prepared while the current forward pass runs), the model stage (batch,
+forward, answer queries) and the output stage (sink writes in log order, then the records are
+finished). The lane queues and the output queue are bounded: a slow sink pauses consumption.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pydantic import Field
@@ -25,18 +32,29 @@ from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryRepl
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
 from embedstream.workers.batching_window import BatchingWindow
-from embedstream.workers.lane import Lane, Taken
-from embedstream.workers.loop import WorkerLoop, new_worker_id
+from embedstream.workers.lane import Lane, SyncQueue, Taken
+from embedstream.workers.loop import ABANDONED, new_worker_id
 from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.scheduler import Scheduler
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink
+from embedstream.workers.stages import Stage, StagedWorkerLoop
 from embedstream.workers.trust import TrustError, TrustPolicy, admit
 
 log = logs.get("embedstream.worker")
 
 LANES = ("online", "bulk")
 _MAX_POLL_RECORDS = {"online": 256, "bulk": 2048}
+# Computed batches waiting for the output stage. Two keep the model busy while one batch is written
+# and the next waits; more only hold vectors in memory while the sink is slow (the lane queues, not
+# this one, bound what the worker has fetched).
+OUTPUT_QUEUE_BATCHES = 2
+_WAIT_S = 0.05  # longest a stage waits for work (or room) before it looks at stop and health again
+_ONLINE_POLL_MS = 10  # intake's wait for queries when a bulk lane shares the thread (a query waits at most this)
+# A poll's records are queued in slices: the model stage starts on the first slice while the rest
+# are still decoded and tokenised (a 2,048-record poll is about half a second of host work).
+_INTAKE_SLICE = 256
+REVOKE_WAIT_S = 2.0  # a revocation waits this long for an in-flight write of those partitions to finish
 
 
 @dataclass
@@ -51,6 +69,20 @@ class WorkItem(Taken):
     def tokens(self) -> int:
         return len(self.prepared.tokens) if self.prepared else 0
 
+    @property
+    def doc_key(self) -> tuple | None:
+        """(collection, doc_id) of a chunk or delete: writes of one document stay in log order."""
+        event = self.event
+        return None if isinstance(event, QueryRequest) else (event.collection, event.doc_id)
+
+
+@dataclass
+class WriteJob:
+    """A computed batch on its way to the output stage: every item, in log order, and the chunks' vectors."""
+
+    items: list[WorkItem]
+    vectors: dict[int, object]  # id(item) -> vector, for the chunks that were embedded
+
 
 class WorkerOptions(WorkerSettings):
     """The worker knobs (``EMBEDSTREAM_WORKER__*``) plus what a deployment picks per process."""
@@ -63,8 +95,8 @@ class WorkerOptions(WorkerSettings):
         return cls(lanes=lanes, **settings.worker.model_dump())
 
 
-class EmbedWorker(WorkerLoop):
-    """Drains the chunk and query topics through one Engine into one sink."""
+class EmbedWorker(StagedWorkerLoop):
+    """Drains the chunk and query topics through one Engine into one sink, in three overlapped stages."""
 
     name = "embed worker"
 
@@ -79,12 +111,18 @@ class EmbedWorker(WorkerLoop):
         self.window = BatchingWindow(self.options.batch_window_ms)
         self.last_commit = 0.0
         self.policy = TrustPolicy.from_settings(settings)
+        self.queued = threading.Condition(threading.RLock())  # every lane queue's changes; waits for work or room
+        self.to_output: queue.Queue[WriteJob] = queue.Queue(maxsize=OUTPUT_QUEUE_BATCHES)
+        self.writes = threading.Condition()  # in-flight write state, for revocations and skip_unchanged
+        self.writing: set[tuple[str, int]] = set()  # partitions of the write the output stage is making now
+        self.docs_in_flight: Counter = Counter()  # (collection, doc_id) handed to the output stage, not yet written
         kafka = settings.kafka
         topics = {"online": [kafka.topic_chunks_online, kafka.topic_queries], "bulk": [kafka.topic_chunks_bulk]}
         groups = {"online": kafka.group_online, "bulk": kafka.group_bulk}
         for lane in self.options.lanes:
             self.add_lane(lane, topics[lane], groups[lane], _MAX_POLL_RECORDS[lane],
-                          full=lambda queue: queue.tokens >= self.options.max_queue_tokens)
+                          full=lambda q: q.tokens >= self.options.max_queue_tokens, queue=SyncQueue(self.queued),
+                          on_revoke=self._finish_writes_of)
 
     # -- intake ---------------------------------------------------------------------------------
     def intake(self, name: str, timeout_ms: int) -> int:
@@ -96,6 +134,17 @@ class EmbedWorker(WorkerLoop):
         if not records:
             return 0
         received = time.perf_counter()
+        for first in range(0, len(records), _INTAKE_SLICE):
+            self._queue_records(lane, records[first:first + _INTAKE_SLICE], received)
+        if name == "online":
+            self.scheduler.online_arrived()
+            self.window.arrived(received, len(records))
+        self.metrics.queue_depth(name, len(lane.queue), lane.queue.tokens)
+        return len(records)
+
+    def _queue_records(self, lane: Lane, records: list, received: float) -> None:
+        """Decode, validate and tokenise some records, then queue them at once (one lock, one wake-up)."""
+        name = lane.name
         staged: list[tuple] = []
         for record in records:
             handle = lane.track(record)
@@ -118,17 +167,14 @@ class EmbedWorker(WorkerLoop):
         timings = StageTimings()
         prepared = iter(self.engine.prepare([self._request(e) for e in to_embed], timings) if to_embed else [])
         self.metrics.observe_stage("tokenize", name, timings.tokenize_ms)
+        ready: list[WorkItem] = []
         for record, handle, event in staged:
             prep = None if isinstance(event, DocumentDelete) else next(prepared)
             if isinstance(prep, EngineError):
                 self._reject(lane, record, handle, event, prep)
                 continue
-            lane.queue.push(WorkItem(name, record, handle, event, prep, received))
-        if name == "online":
-            self.scheduler.online_arrived()
-            self.window.arrived(received, len(records))
-        self.metrics.queue_depth(name, len(lane.queue), lane.queue.tokens)
-        return len(records)
+            ready.append(WorkItem(name, record, handle, event, prep, received))
+        lane.queue.push_many(ready)
 
     def _check_model(self, event) -> None:
         model = getattr(event, "model", None)
@@ -161,42 +207,45 @@ class EmbedWorker(WorkerLoop):
         online, bulk = self.lanes.get("online"), self.lanes.get("bulk")
         if online is not None:
             self._await_online_window(online)
-        return self.scheduler.next_batch(online.queue if online else None, bulk.queue if bulk else None)
+        with self.queued:  # both lanes at once: a revocation cannot drop items between measuring and taking
+            return self.scheduler.next_batch(online.queue if online else None, bulk.queue if bulk else None)
 
     def _await_online_window(self, online: Lane) -> None:
         """Give a fresh online batch up to ``batch_window_ms`` to grow, while traffic is dense."""
         oldest = online.queue.oldest
         if oldest is not None:
-            self.window.gather(oldest.received, lambda: self.intake("online", 1),
+            self.window.gather(oldest.received, lambda: self._online_arrivals(online),
                                lambda: online.queue.tokens >= self.engine.limits.max_batch_tokens)
 
-    # -- processing ----------------------------------------------------------------------------
-    def process(self, batch: list[WorkItem]) -> None:
-        """Embed what needs embedding in one forward pass, answer queries, then write chunks and
-        deletes to the sink in log order; offsets become committable only after their write."""
+    def _online_arrivals(self, online: Lane, wait_s: float = 0.0005) -> int:
+        """Wait briefly for intake to queue more online work; how many items arrived meanwhile."""
+        with self.queued:
+            before = online.queue.pushed
+            self.queued.wait(wait_s)
+            return online.queue.pushed - before
+
+    def _await_work(self, timeout_s: float) -> bool:
+        """Whether some lane has queued work, waiting up to ``timeout_s`` for intake to queue some."""
+        with self.queued:
+            return self.queued.wait_for(lambda: any(lane.queue for lane in self.lanes.values()), timeout_s)
+
+    # -- model stage ---------------------------------------------------------------------------
+    def compute(self, batch: list[WorkItem]) -> list[WriteJob]:
+        """Embed what needs embedding in one forward pass and answer the queries; what is left to
+        write (chunks with their vectors, deletes) goes on as write jobs, in log order."""
         start = time.perf_counter()
-        now = now_ms()
-        live = []
-        for item in batch:
-            if isinstance(item.event, DocumentDelete):
-                continue
-            self.metrics.observe_stage("queue_wait", item.lane, (start - item.received) * 1000)
-            if isinstance(item.event, QueryRequest) and item.event.deadline_ms and item.event.deadline_ms < now:
-                self._reply_error(item.lane, item.record, item.event, item.handle, ErrorInfo(
-                    code="deadline_exceeded", message="the request's deadline passed before it was embedded"))
-                continue
-            live.append(item)
+        batch = [item for item in batch if not OffsetTracker.revoked(item.handle)]  # revoked: the new owner's
+        self._observe_queue_wait(batch, start)
+        live = self._drop_expired([i for i in batch if not isinstance(i.event, DocumentDelete)], now_ms())
         if self.options.skip_unchanged:
             live = self._skip_unchanged(live, _deleted_earlier(batch))
         if not live:
-            self._write(batch, {})
-            return
+            return [WriteJob(batch, {})]
         timings = StageTimings()
         try:
             vectors = self.engine.forward([i.prepared for i in live], timings)
         except Exception as exc:  # noqa: BLE001 - a failed pass fails its records, never the worker
-            self._forward_failed(batch, live, exc)
-            return
+            return self._forward_failed(batch, live, exc)
         self.metrics.observe_batch(live[0].lane, timings, len(live))
         chunks = {}
         for item, vector in zip(live, vectors):
@@ -204,23 +253,48 @@ class EmbedWorker(WorkerLoop):
                 self._answer(item, vector, start, timings)
             else:
                 chunks[id(item)] = vector
-        self._write(batch, chunks)
+        return [WriteJob(batch, chunks)]
 
-    def _forward_failed(self, batch: list[WorkItem], live: list[WorkItem], exc: Exception) -> None:
+    def process(self, batch: list[WorkItem]) -> None:
+        """Compute and write one batch on the calling thread (a step driven by hand; the stages split it)."""
+        for job in self.compute(batch):
+            self.write(job)
+
+    def _observe_queue_wait(self, batch: list[WorkItem], start: float) -> None:
+        """Each query's wait; for chunks one observation per lane and batch (the oldest's), not one per record."""
+        oldest: dict[str, float] = {}
+        for item in batch:
+            if isinstance(item.event, QueryRequest):
+                self.metrics.observe_stage("queue_wait", item.lane, (start - item.received) * 1000)
+            elif item.lane not in oldest:
+                oldest[item.lane] = item.received
+        for lane, received in oldest.items():
+            self.metrics.observe_stage("queue_wait", lane, (start - received) * 1000)
+
+    def _drop_expired(self, items: list[WorkItem], now: int) -> list[WorkItem]:
+        """Answer queries whose deadline passed before compute (``deadline_exceeded``); the rest stay live."""
+        live = []
+        for item in items:
+            if isinstance(item.event, QueryRequest) and item.event.deadline_ms and item.event.deadline_ms < now:
+                self._reply_error(item.lane, item.record, item.event, item.handle, ErrorInfo(
+                    code="deadline_exceeded", message="the request's deadline passed before it was embedded"))
+                continue
+            live.append(item)
+        return live
+
+    def _forward_failed(self, batch: list[WorkItem], live: list[WorkItem], exc: Exception) -> list[WriteJob]:
         """Several items: run the batch again one item at a time, in log order, to find the one at fault.
         One item: it is answered with the error (a query) or dead-lettered (a chunk); deletes are written."""
         log.error("forward pass failed", items=len(live), error=f"{type(exc).__name__}: {str(exc)[:300]}")
         if len(live) > 1:
-            for item in batch:
-                self.process([item])
-            return
+            return [job for item in batch for job in self.compute([item])]
         (item,) = live
         info = ErrorInfo(code="forward_failed", message=f"the forward pass failed: {type(exc).__name__}: {str(exc)[:500]}")
         if isinstance(item.event, QueryRequest):
             self._reply_error(item.lane, item.record, item.event, item.handle, info)
         else:
             self.lanes[item.lane].dead_letter(item.record, info, item.handle)
-        self._write(batch, {})
+        return [WriteJob(batch, {})]
 
     def _answer(self, item: WorkItem, vector, start: float, timings: StageTimings) -> None:
         result = self.engine.finish(item.prepared, vector)
@@ -236,51 +310,15 @@ class EmbedWorker(WorkerLoop):
         self.lanes[item.lane].reply(item.record, item.event, reply, item.handle)
         self.metrics.texts.labels(lane=item.lane, kind="query").inc()
 
-    def _write(self, batch: list[WorkItem], vectors: dict[int, object]) -> None:
-        """Upsert runs of embedded chunks and apply deletes between them, exactly in batch order."""
-        run: list[WorkItem] = []
-        for item in batch:
-            if isinstance(item.event, DocumentDelete):
-                if run:
-                    self._upsert(run, vectors)
-                    run = []
-                reason = self.write_with_retry(lambda event=item.event: self.sink.delete(event), "sink delete",
-                                               self.metrics.sink_failures.inc)
-                self._settle(item, reason)
-            elif id(item) in vectors:
-                run.append(item)
-        if run:
-            self._upsert(run, vectors)
-
-    def _upsert(self, run: list[WorkItem], vectors: dict[int, object], limit_s: float | None = None) -> None:
-        """One upsert for the run; when the sink rejects it, each chunk alone finds the ones at fault."""
-        embedded = [EmbeddedChunk(i.event, vectors[id(i)], {"topic": i.topic, "partition": i.partition,
-                                                            "offset": i.offset}) for i in run]
-        upsert_start = time.perf_counter()
-        reason = self.write_with_retry(lambda: self.sink.upsert(embedded), "sink upsert", self.metrics.sink_failures.inc,
-                                       limit_s)
-        if reason is not None and len(run) > 1:
-            for item in run:  # the failure already outlasted its bound: singles are not waited for again
-                self._upsert([item], vectors, limit_s=0.0)
-            return
-        self.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - upsert_start) * 1000)
-        for item in run:
-            self._settle(item, reason)
-        if reason is None:
-            self.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(len(run))
-
-    def _settle(self, item: WorkItem, reason: ErrorInfo | None) -> None:
-        """Written: finished. Refused by the sink for good: dead-lettered with the reason."""
-        if reason is None:
-            OffsetTracker.done(item.handle)
-        else:
-            self.lanes[item.lane].dead_letter(item.record, reason, item.handle)
-
     def _skip_unchanged(self, items: list[WorkItem], deleted_earlier: set[int]) -> list[WorkItem]:
         """Finish, without embedding, the chunks whose stored point already matches (one lookup per collection).
 
-        A chunk that a delete earlier in the same batch may remove is never skipped."""
-        chunks = [i for i in items if isinstance(i.event, ChunkEvent) and id(i) not in deleted_earlier]
+        A chunk that a delete earlier in the same batch may remove is never skipped, nor one whose
+        document still has writes on their way to the sink (the store is about to change under it)."""
+        with self.writes:
+            in_flight = set(self.docs_in_flight)
+        chunks = [i for i in items if isinstance(i.event, ChunkEvent) and id(i) not in deleted_earlier
+                  and i.doc_key not in in_flight]
         if not chunks:
             return items
         try:
@@ -295,27 +333,168 @@ class EmbedWorker(WorkerLoop):
                 self.metrics.chunks_unchanged.labels(lane=item.lane).inc()
         return [i for i in items if id(i) not in skipped] if skipped else items
 
-    # -- main loop -----------------------------------------------------------------------------
+    def model_step(self) -> None:
+        """Wait for queued work (idle), form a batch and compute it (busy), hand it on (blocked while full)."""
+        waited = time.perf_counter()
+        found = self._await_work(_WAIT_S)
+        batch = self.next_batch() if found else []
+        started = time.perf_counter()
+        self.metrics.stage_idle.labels(stage="model").inc(started - waited)
+        if not batch:
+            return
+        jobs = self.compute(batch)
+        handed = time.perf_counter()
+        self.metrics.stage_busy.labels(stage="model").inc(handed - started)
+        for job in jobs:
+            self._hand_on(job)
+        self.metrics.stage_blocked.labels(stage="model").inc(time.perf_counter() - handed)
+        self.progressed()
+
+    def _hand_on(self, job: WriteJob) -> None:
+        """Queue a job for the output stage, waiting while its queue is full (the backpressure)."""
+        keys = [key for key in (item.doc_key for item in job.items) if key is not None]
+        with self.writes:
+            self.docs_in_flight.update(keys)
+        stage = self.current_stage()
+        while True:
+            try:
+                self.to_output.put(job, timeout=_WAIT_S)
+                return
+            except queue.Full:
+                if self._halt.is_set():
+                    raise RuntimeError("the output stage stopped") from None
+                if stage is not None:
+                    stage.touch()  # held back by the output stage on purpose: its own step is watched
+
+    # -- output stage --------------------------------------------------------------------------
+    def output_step(self) -> None:
+        """Write the next computed batch (busy), or wait for one (idle)."""
+        waited = time.perf_counter()
+        try:
+            job = self.to_output.get(timeout=_WAIT_S)
+        except queue.Empty:
+            self.metrics.stage_idle.labels(stage="output").inc(time.perf_counter() - waited)
+            return
+        started = time.perf_counter()
+        self.metrics.stage_idle.labels(stage="output").inc(started - waited)
+        try:
+            self.write(job)
+        finally:
+            keys = [key for key in (item.doc_key for item in job.items) if key is not None]
+            with self.writes:
+                self.docs_in_flight.subtract(keys)
+                for key in keys:
+                    if self.docs_in_flight[key] <= 0:
+                        del self.docs_in_flight[key]
+            self.metrics.stage_busy.labels(stage="output").inc(time.perf_counter() - started)
+        self.progressed()
+
+    def _output_drained(self) -> bool:
+        """The output stage stops once the model stage has stopped and every computed batch is written."""
+        if self._halt.is_set():
+            return True
+        if not self.stop_event.is_set():
+            return False
+        model = next((s for s in self.running_stages if s.name == "model"), None)
+        return (model is None or not model.thread.is_alive()) and self.to_output.empty()
+
+    def write(self, job: WriteJob) -> None:
+        """Upsert runs of embedded chunks and apply deletes between them, exactly in log order."""
+        run: list[WorkItem] = []
+        for item in job.items:
+            if OffsetTracker.revoked(item.handle):
+                continue  # its partition moved: the new owner writes it
+            if isinstance(item.event, DocumentDelete):
+                if run:
+                    self._upsert(run, job.vectors)
+                    run = []
+                reason = self._sink_write(lambda event=item.event: self.sink.delete(event), "sink delete", [item])
+                self._settle(item, reason)
+            elif id(item) in job.vectors:
+                run.append(item)
+        if run:
+            self._upsert(run, job.vectors)
+
+    def _sink_write(self, write, what: str, items: list[WorkItem], limit_s: float | None = None) -> ErrorInfo | None:
+        """One sink write, retried by failure kind; a revocation of the partitions waits for it (``writing``)."""
+        partitions = {(item.topic, item.partition) for item in items}
+        with self.writes:
+            self.writing = partitions
+        try:
+            return self.write_with_retry(write, what, self.metrics.sink_failures.inc, limit_s,
+                                         abandoned=lambda: all(OffsetTracker.revoked(i.handle) for i in items))
+        finally:
+            with self.writes:
+                self.writing = set()
+                self.writes.notify_all()
+
+    def _finish_writes_of(self, partitions: set[tuple[str, int]]) -> None:
+        """On revocation: let a write of those partitions in progress finish (bounded), so it is committed
+        now rather than landing after the new owner's writes."""
+        with self.writes:
+            self.writes.wait_for(lambda: not (self.writing & partitions), REVOKE_WAIT_S)
+
+    def _upsert(self, run: list[WorkItem], vectors: dict[int, object], limit_s: float | None = None) -> None:
+        """One upsert for the run; when the sink rejects it, each chunk alone finds the ones at fault."""
+        embedded = [EmbeddedChunk(i.event, vectors[id(i)], {"topic": i.topic, "partition": i.partition,
+                                                            "offset": i.offset}) for i in run]
+        upsert_start = time.perf_counter()
+        reason = self._sink_write(lambda: self.sink.upsert(embedded), "sink upsert", run, limit_s)
+        if reason is not None and reason is not ABANDONED and len(run) > 1:
+            for item in run:  # the failure already outlasted its bound: singles are not waited for again
+                self._upsert([item], vectors, limit_s=0.0)
+            return
+        self.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - upsert_start) * 1000)
+        for item in run:
+            self._settle(item, reason)
+        if reason is None:
+            self.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(len(run))
+
+    def _settle(self, item: WorkItem, reason: ErrorInfo | None) -> None:
+        """Written: finished. Refused by the sink for good: dead-lettered with the reason. Revoked: nothing
+        (the partition's new owner has the record again)."""
+        if OffsetTracker.revoked(item.handle):
+            return
+        if reason is None:
+            OffsetTracker.done(item.handle)
+        else:
+            self.lanes[item.lane].dead_letter(item.record, reason, item.handle)
+
+    # -- intake stage (this thread owns the consumers) ------------------------------------------
+    def stages(self) -> list[Stage]:
+        return [self.new_stage("model", self.model_step),
+                self.new_stage("output", self.output_step, halted=self._output_drained)]
+
     def run_once(self) -> int:
-        """One iteration: poll, form a batch, process it, commit. Returns items processed."""
-        busy = any(lane.queue for lane in self.lanes.values())
+        """One intake step: poll every lane (decode, validate, tokenise, queue), commit what finished.
+
+        Queues over their bound have their partitions paused inside the poll (the group keeps the
+        member); when every lane is paused, wait for the model stage to take work instead of spinning."""
+        started = time.perf_counter()
         online, bulk = self.lanes.get("online"), self.lanes.get("bulk")
+        taken = 0
         if online is not None:
-            self.intake("online", online.joining_timeout(0 if busy else 20))
-        if bulk is not None and bulk.queue.tokens < self.options.max_queue_tokens:
-            self.intake("bulk", bulk.joining_timeout(0 if (busy or online is not None) else 50))
-        batch = self.next_batch()
-        if batch:
-            self.process(batch)
+            taken += self.intake("online", online.joining_timeout(_ONLINE_POLL_MS if bulk is not None else 50))
+        if bulk is not None:
+            taken += self.intake("bulk", bulk.joining_timeout(0 if online is not None else 50))
+        busy = time.perf_counter()
+        self.metrics.stage_busy.labels(stage="intake").inc(busy - started)
+        if not taken and all(lane.paused for lane in self.lanes.values()):
+            with self.queued:
+                self.queued.wait(_WAIT_S)  # a take by the model stage wakes this
+            self.metrics.stage_blocked.labels(stage="intake").inc(time.perf_counter() - busy)
         now = time.monotonic()
         # A synchronous commit is a broker round trip: under load, commit every commit_interval_s
         # (a crash redoes at most that much, harmlessly: upserts are idempotent); when idle, at once.
-        if not batch or now - self.last_commit >= self.options.commit_interval_s:
-            for name, lane in self.lanes.items():
+        if now - self.last_commit >= self.options.commit_interval_s or (not taken and self._idle()):
+            for lane in self.lanes.values():
                 lane.commit()
                 lane.record_lag(self.metrics)
             self.last_commit = now
-        return len(batch)
+        return taken
+
+    def _idle(self) -> bool:
+        return self.to_output.empty() and not any(lane.queue for lane in self.lanes.values())
 
     def warm_up(self) -> None:
         if "online" in self.lanes and self.options.warm_up_tokens > 0:

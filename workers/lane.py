@@ -9,6 +9,7 @@ run one each. Records leave a lane as written results, replies or dead letters, 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,16 +51,55 @@ class Taken:
         return self.record.offset
 
 
+class SyncQueue(WorkQueue):
+    """A lane queue shared by two threads: intake pushes (and drops revoked work), the model stage takes.
+
+    Every change happens under one condition, shared by all lanes of a worker, so a batch can be
+    formed from both lanes at once; each push and take notifies the waiters (the model stage waiting
+    for work, the intake waiting for room)."""
+
+    def __init__(self, cond: threading.Condition):
+        super().__init__()
+        self.cond = cond
+        self.pushed = 0  # items ever pushed: "how many arrived while I waited"
+
+    def push(self, item) -> None:
+        self.push_many([item])
+
+    def push_many(self, items: list) -> None:
+        with self.cond:
+            for item in items:
+                super().push(item)
+            self.pushed += len(items)
+            self.cond.notify_all()
+
+    def take(self, count: int) -> list:
+        with self.cond:
+            taken = super().take(count)
+            self.cond.notify_all()
+            return taken
+
+    def keep(self, wanted: Callable) -> None:
+        with self.cond:
+            super().keep(wanted)
+
+    def lengths(self) -> list[int]:
+        with self.cond:
+            return super().lengths()
+
+
 class Lane:
     """Consumer + queue + offsets + backpressure + revocation handling of one consumer group."""
 
     def __init__(self, name: str, kafka: KafkaSettings, topics: list[str], group: str, outbox: Outbox, *,
                  worker_id: str, max_poll_records: int, full: Callable[[WorkQueue], bool] = lambda _q: False,
-                 flush_timeout_s: float = 30.0, join_timeout_s: float = 30.0, **consumer_extra):
+                 flush_timeout_s: float = 30.0, join_timeout_s: float = 30.0, queue: WorkQueue | None = None,
+                 on_revoke: Callable[[set], None] | None = None, **consumer_extra):
         self.name = name
         self.topics = topics
         self.outbox = outbox
-        self.queue: WorkQueue = WorkQueue()
+        self.queue: WorkQueue = queue if queue is not None else WorkQueue()
+        self.on_revoke = on_revoke  # called first on revocation (a staged worker lets in-flight writes finish)
         self.offsets = OffsetTracker()
         self.paused = False
         self._full = full
@@ -216,9 +256,12 @@ class _Rebalance(ConsumerRebalanceListener):
         self.lane = lane
 
     def on_partitions_revoked(self, revoked):
+        partitions = {(tp.topic, tp.partition) for tp in revoked}
+        if self.lane.on_revoke is not None:
+            self.lane.on_revoke(partitions)
         # kafka-python 3 calls this on the consumer's IO thread, which refuses blocking calls: commit async
         self.lane.commit(wait=False)
-        self.lane.drop({(tp.topic, tp.partition) for tp in revoked})
+        self.lane.drop(partitions)
 
     def on_partitions_assigned(self, assigned):
         log.info("partitions assigned", lane=self.lane.name,

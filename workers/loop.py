@@ -24,6 +24,8 @@ from embedstream.workers.outbox import Outbox
 
 log = logs.get("embedstream.worker")
 
+ABANDONED = ErrorInfo(code="abandoned", message="the partition was revoked while the write was retried")
+
 
 def new_worker_id(kind: str) -> str:
     """host-kind-thread: unique per worker in a process, readable in dead letters and client ids."""
@@ -107,8 +109,7 @@ class WorkerLoop:
             log.info(f"{self.name} started", **self.started_fields())
             self.ready.set()
             self.last_step = self.last_progress = time.monotonic()
-            while not self.stop_event.is_set():
-                self._stepped(self.run_once())
+            self._loop()
         except BaseException as exc:
             if not self.stop_event.is_set():
                 self.failure = exc
@@ -117,8 +118,17 @@ class WorkerLoop:
         finally:
             self.close()
 
+    def _loop(self) -> None:
+        """The serial loop: one ``run_once`` after another on this thread (a staged worker runs threads)."""
+        while not self.stop_event.is_set():
+            self._stepped(self.run_once())
+
     def stop(self) -> None:
         self.stop_event.set()
+
+    def stopping(self) -> bool:
+        """Whether work in progress should give up (stop asked; a staged worker: a stage failed too)."""
+        return self.stop_event.is_set()
 
     def commit(self, wait: bool = True) -> None:
         for lane in self.lanes.values():
@@ -134,12 +144,13 @@ class WorkerLoop:
 
     # -- writes ---------------------------------------------------------------------------------
     def write_with_retry(self, write: Callable[[], object], what: str, on_failure: Callable[[], None],
-                         limit_s: float | None = None) -> ErrorInfo | None:
+                         limit_s: float | None = None, abandoned: Callable[[], bool] | None = None) -> ErrorInfo | None:
         """Run ``write`` until it succeeds (None) or fails permanently for its records (the reason).
 
         Transient failures back off (``sink_backoff_s``) with every lane held, for as long as it
         takes; unknown ones too, until ``limit_s`` (default ``record_retry_limit_s``); a permanent
-        one returns at once.
+        one returns at once. ``abandoned`` (a staged worker: every record's partition was revoked)
+        ends the retries with ``ABANDONED``: the new owner writes those records.
         ``on_failure`` counts each failed attempt (the sink or publish failure metric)."""
         delay, ceiling = self.tuning.sink_backoff_s
         limit_s = self.tuning.record_retry_limit_s if limit_s is None else limit_s
@@ -151,8 +162,10 @@ class WorkerLoop:
                     write()
                     return None
                 except Exception as exc:  # noqa: BLE001 - classified below; nothing escapes but a stop
-                    if self.stop_event.is_set():
+                    if self.stopping():
                         raise
+                    if abandoned is not None and abandoned():
+                        return ABANDONED
                     on_failure()
                     kind = failure_kind(exc)
                     first_failure = first_failure if first_failure is not None else time.monotonic()
@@ -163,14 +176,18 @@ class WorkerLoop:
                         code = "write_rejected" if kind == PERMANENT else "write_failed_repeatedly"
                         return ErrorInfo(code=code, message=f"{what} failed: {reason}")
                     log.warning(f"{what} failed; backing off", kind=kind, error=reason[:300], retry_in_s=delay)
-                    if not held:
-                        held = [(lane, lane.hold()) for lane in self.lanes.values()]
-                    end = time.monotonic() + delay
-                    while time.monotonic() < end and not self.stop_event.is_set():
-                        for lane, _ in held:
-                            lane.keep_membership()
-                        self._stepped(1)  # waiting out an outage on purpose is progress
+                    self._wait_before_retry(delay, held)
                     delay = min(delay * 2, ceiling)
         finally:
             for lane, assigned in held:
                 lane.release(assigned)
+
+    def _wait_before_retry(self, delay: float, held: list[tuple[Lane, list]]) -> None:
+        """Serial loop: every lane held (paused, membership kept by polling) while a failed write waits."""
+        if not held:
+            held.extend((lane, lane.hold()) for lane in self.lanes.values())
+        end = time.monotonic() + delay
+        while time.monotonic() < end and not self.stop_event.is_set():
+            for lane, _ in held:
+                lane.keep_membership()
+            self._stepped(1)  # waiting out an outage on purpose is progress

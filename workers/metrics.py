@@ -38,6 +38,16 @@ class WorkerMetrics:
         self.errors = Counter("embedstream_request_errors_total", "Requests answered with an error", ["lane", "code"],
                               registry=r)
         self.sink_failures = Counter("embedstream_sink_failures_total", "Failed sink writes (retried)", registry=r)
+        # Staged embed worker (workers/stages.py): where each stage's thread spends its time, so a
+        # run shows which stage sets the pace (busy ~1) and whether the model waits for work (idle).
+        self.stage_busy = Counter("embedstream_stage_busy_seconds_total",
+                                  "Seconds a worker stage spent working (intake, model, output)", ["stage"], registry=r)
+        self.stage_idle = Counter("embedstream_stage_idle_seconds_total",
+                                  "Seconds a worker stage waited for work (the model stage: the device idle)", ["stage"],
+                                  registry=r)
+        self.stage_blocked = Counter("embedstream_stage_blocked_seconds_total",
+                                     "Seconds a worker stage waited for room in the next stage's bounded queue",
+                                     ["stage"], registry=r)
         self.chunks_unchanged = Counter("embedstream_chunks_unchanged_total",
                                         "Chunks not embedded again: their point already holds the same content hash, "
                                         "model and metadata", ["lane"], registry=r)

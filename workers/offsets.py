@@ -3,6 +3,10 @@
 A record is finished when its vector is durably in Qdrant, its reply was sent, or it went to the
 dead-letter topic. Committing the contiguous prefix means a crash can only cause redelivery (which
 the idempotent sink absorbs), never loss.
+
+A handle is ``[offset, done, revoked]``. Only the thread that owns the consumer tracks, drains and
+forgets; other threads (the embed worker's output stage, the producer's acknowledgement callbacks)
+only set ``done`` on a handle, or read ``revoked`` to abandon work whose partition moved away.
 """
 
 from __future__ import annotations
@@ -19,13 +23,18 @@ class OffsetTracker:
 
     def track(self, topic: str, partition: int, offset: int) -> list:
         """Register a record at intake; returns its handle for ``done``."""
-        handle = [offset, False]
+        handle = [offset, False, False]
         self._pending.setdefault((topic, partition), deque()).append(handle)
         return handle
 
     @staticmethod
     def done(handle: list) -> None:
         handle[1] = True
+
+    @staticmethod
+    def revoked(handle: list) -> bool:
+        """Whether the record's partition was taken away (its work is redelivered to the new owner)."""
+        return handle[2]
 
     def drain(self) -> dict[tuple[str, int], int]:
         """Next offsets to commit (last finished contiguous offset + 1), cleared once returned."""
@@ -41,9 +50,10 @@ class OffsetTracker:
             self._committable[tp] = max(offset, self._committable.get(tp, offset))
 
     def forget(self, partitions: set[tuple[str, int]]) -> None:
-        """Drop state for partitions this worker no longer owns (after a rebalance)."""
+        """Drop state for partitions this worker no longer owns (after a rebalance); their handles read revoked."""
         for tp in partitions:
-            self._pending.pop(tp, None)
+            for handle in self._pending.pop(tp, ()):
+                handle[2] = True
             self._committable.pop(tp, None)
 
     def outstanding(self) -> int:
