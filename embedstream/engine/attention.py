@@ -69,12 +69,26 @@ def choose_kernel(device_type: str, dtype: torch.dtype, head_dim: int, available
     return GROUPED_SDPA
 
 
+def _torch_varlen_runs(index: int) -> bool:
+    """One tiny bf16 call on the GPU: torch picks cuDNN or its flash kernel by GPU and build and raises
+    where neither runs, which must mean the next kernel down rather than a failing worker."""
+    device = torch.device("cuda", index)
+    q = torch.zeros(4, 2, 32, dtype=torch.bfloat16, device=device)
+    cu = torch.tensor([0, 3, 4], dtype=torch.int32, device=device)
+    try:
+        torch_varlen_attn(q, q, q, cu, cu, 3, 3)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
 @lru_cache(maxsize=16)
 def _cuda_kernels_available(index: int) -> KernelsAvailable:
     if torch.cuda.get_device_capability(index) < MIN_VARLEN_CAPABILITY:
         return KernelsAvailable()
     flash_built = torch.backends.cuda.is_flash_attention_available()
-    return KernelsAvailable(flash_attn_varlen_func is not None, torch_varlen_attn is not None and flash_built)
+    torch_varlen = torch_varlen_attn is not None and flash_built and _torch_varlen_runs(index)
+    return KernelsAvailable(flash_attn_varlen_func is not None, torch_varlen)
 
 
 def kernels_available(device: torch.device) -> KernelsAvailable:
@@ -112,9 +126,10 @@ def varlen_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Packed
 def _torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch, causal: bool) -> torch.Tensor:
     """torch's varlen_attn: causal is the window (-1, 0); the same cu_seqlens tensor for q and k lets
     torch pick cuDNN for causal too (it refuses two tensors there); GQA through ``enable_gqa``."""
-    return torch_varlen_attn(
+    out = torch_varlen_attn(
         *varlen_args(q, k, v, batch), window_size=(-1, 0) if causal else (-1, -1), enable_gqa=q.shape[1] != k.shape[1]
     )
+    return out.contiguous()  # a no-op for [T, H, d] output; callers view it as [T, H * d]
 
 
 def varlen_attention(

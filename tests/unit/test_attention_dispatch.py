@@ -62,18 +62,22 @@ def test_no_varlen_kernel_is_available_off_cuda():
 
 
 @pytest.mark.parametrize(
-    ("capability", "flash_attn_installed", "flash_built", "expected"),
+    ("capability", "flash_attn_installed", "flash_built", "probe_runs", "expected"),
     [
-        ((9, 0), False, True, TORCH_ONLY),  # H100/H200 without the flash-attn package
-        ((8, 0), True, True, BOTH),
-        ((9, 0), False, False, NONE),  # a torch built without its flash kernel
-        ((7, 5), True, True, NONE),  # T4: neither flash kernel runs before Ampere
+        ((9, 0), False, True, True, TORCH_ONLY),  # H100/H200 without the flash-attn package
+        ((8, 0), True, True, True, BOTH),
+        ((9, 0), False, False, True, NONE),  # a torch built without its flash kernel
+        ((12, 0), False, True, False, NONE),  # a GPU where torch's varlen call raises: next kernel down
+        ((7, 5), True, True, True, NONE),  # T4: neither flash kernel runs before Ampere
     ],
 )
-def test_cuda_availability_follows_capability_and_builds(monkeypatch, capability, flash_attn_installed, flash_built, expected):
+def test_cuda_availability_follows_capability_builds_and_a_probe(
+    monkeypatch, capability, flash_attn_installed, flash_built, probe_runs, expected
+):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: flash_built)
     monkeypatch.setattr(attention, "flash_attn_varlen_func", object() if flash_attn_installed else None)
+    monkeypatch.setattr(attention, "_torch_varlen_runs", lambda index: probe_runs)
     assert attention._cuda_kernels_available.__wrapped__(0) == expected
 
 
