@@ -290,9 +290,15 @@ class LaneController:
     def refuse_on_arrival(self, deadline_ms: int | None, now_ms: int) -> str | None:
         """The reason to refuse a request at once on arrival (its deadline already passed), else None."""
         if deadline_ms is not None and 0 < deadline_ms <= now_ms:
-            self.shed[DEADLINE_PAST] += 1
+            self._count_shed(DEADLINE_PAST)
             return DEADLINE_PAST
         return None
+
+    def _count_shed(self, reason: str) -> None:
+        """A shed request is a miss for the lane's p95 too: otherwise a lane that sheds everything would
+        look calm (no latencies) and bulk would never yield to it."""
+        self.shed[reason] += 1
+        self.latency.observe(2 * self.config.target_ms)
 
     @property
     def predicts_sheds(self) -> bool:
@@ -306,13 +312,13 @@ class LaneController:
         ``tokens_ahead``: the work queued (or running) before it; its own pass is predicted with it.
         ``extra_ms``: predicted time outside this model's passes (e.g. a search's retrieval)."""
         if deadline_ms <= now_ms:
-            self.shed[EXPIRED_IN_QUEUE] += 1
+            self._count_shed(EXPIRED_IN_QUEUE)
             return EXPIRED_IN_QUEUE
         if not self.predicts_sheds:
             return None
         finish = now_ms + self.model.predict(tokens_ahead + tokens, max_pass_tokens) + extra_ms + self.config.reply_allowance_ms
         if finish > deadline_ms:
-            self.shed[PREDICTED_LATE] += 1
+            self._count_shed(PREDICTED_LATE)
             return PREDICTED_LATE
         return None
 

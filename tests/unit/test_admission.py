@@ -197,3 +197,13 @@ def test_an_unknown_policy_or_negative_config_is_refused():
     with pytest.raises(ValueError, match="policy"):
         AdmissionConfig(policy="guess")
     assert AdmissionConfig.from_settings(WorkerSettings(latency_target_ms=25)).target_ms == 25
+
+
+def test_shedding_counts_as_a_miss_so_bulk_yields_to_a_lane_that_sheds_everything():
+    c = controller(target_ms=30)
+    trained(c)
+    now = 1_700_000_000_000
+    assert not c.at_risk()  # no latencies yet
+    for _ in range(10):
+        assert c.late(now + 10, now, tokens_ahead=1000, tokens=20) == PREDICTED_LATE
+    assert c.at_risk()
