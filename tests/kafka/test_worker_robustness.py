@@ -288,3 +288,93 @@ def test_healthz_fails_while_the_loop_is_alive_but_stuck_and_recovers(kafka_boot
             wait_for(lambda: http_get(port, "/healthz")[0] == 200, 30, "/healthz 200 again")
         finally:
             server.shutdown()
+
+
+class _Fatal(BaseException):
+    """Not an Exception: no per-record handler takes it (a dead device, an interpreter-level failure)."""
+
+
+class FatalForward:
+    """The real engine, except that the first bulk forward pass raises ``_Fatal``."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def forward(self, prepared, timings):
+        if any(p.request.id.startswith("doomed/") for p in prepared):
+            raise _Fatal("the device fell off the bus")
+        return self.engine.forward(prepared, timings)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_an_error_escaping_the_model_stage_ends_the_worker_non_zero_with_the_reason(kafka_bootstrap, minilm_engine):
+    """The staged worker's threads: what escapes a stage ends the whole worker with the reason (as an error
+    escaping a serial step does), and the records that stage held are not committed."""
+    settings = isolated_settings(kafka_bootstrap, "fatalstage")
+    ensure_topics(settings.kafka, partitions=1)
+    topic = settings.kafka.topic_chunks_bulk
+    _send(settings, topic, [encode(ChunkEvent(doc_id="doomed", chunk_id=0, text="this pass never finishes"))])
+    worker = build_embed_worker(settings, ("bulk",), store=memory_store(), engine=FatalForward(minilm_engine))
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as exited:
+            run_until_signalled(worker, None)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert "the device fell off the bus" in str(exited.value.code) and "embed worker" in str(exited.value.code)
+    assert isinstance(worker.failure, _Fatal)
+    assert all(not stage.thread.is_alive() for stage in worker.running_stages)
+    assert _committed(settings, topic, settings.kafka.group_bulk) == 0
+
+
+class SlowStore:
+    """The real store, with every upsert taking ``delay_s`` (a sink much slower than the model)."""
+
+    def __init__(self, store, delay_s: float):
+        self.store, self.delay_s = store, delay_s
+
+    def upsert(self, *args, **kwargs):
+        time.sleep(self.delay_s)
+        return self.store.upsert(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_slow_sink_holds_intake_back_through_the_bounded_queues(kafka_bootstrap, tiny_bert_dir):
+    """Backpressure end to end: the output stage falls behind, the model stage blocks on the output queue,
+    the lane queue reaches its bound and intake pauses its partitions (keeping its membership); the
+    queues stay bounded, and in the end every chunk is written once and committed."""
+    settings = isolated_settings(kafka_bootstrap, "slowsink")
+    settings.worker.max_queue_tokens = 600
+    settings.worker.skip_unchanged = False
+    ensure_topics(settings.kafka, partitions=2)
+    topic = settings.kafka.topic_chunks_bulk
+    events = [ChunkEvent(doc_id=f"s{i}", chunk_id=0, text=f"chunk {i} about reading and writing files")
+              for i in range(1500)]  # 6 passes of 256: more than the output queue holds
+    _send(settings, topic, [encode(e) for e in events])
+    store = SlowStore(memory_store(), delay_s=0.5)
+    running = RunningWorker(settings, make_engine(tiny_bert_dir), store, lanes=("bulk",))  # forward nearly free
+    from embedstream.workers.embed_worker import OUTPUT_QUEUE_BATCHES
+
+    samples: list[tuple[bool, int, int]] = []
+    with running as worker:
+        lane = worker.lanes["bulk"]
+        count = lambda: store.count("docs") if store.collection_exists("docs") else 0  # noqa: E731
+        end = time.monotonic() + 180
+        while count() < len(events) and time.monotonic() < end:
+            samples.append((lane.paused, lane.queue.tokens, worker.to_output.qsize()))
+            time.sleep(0.02)
+        assert count() == len(events)
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(events), 60, "offsets committed")
+        blocked = worker.metrics.registry.get_sample_value("embedstream_stage_blocked_seconds_total", {"stage": "model"})
+        assert running.thread.is_alive() and worker.failure is None
+    assert any(paused for paused, _, _ in samples), "intake never paused while the sink was slow"
+    assert max(qsize for _, _, qsize in samples) <= OUTPUT_QUEUE_BATCHES
+    # paused once over the bound; one poll (at most the lane's max_poll_records) overshoots
+    assert max(tokens for _, tokens, _ in samples) < settings.worker.max_queue_tokens + len(events) * 16
+    assert blocked > 0.5  # the model stage waited for the output stage
+    assert {p.payload["doc_id"] for p in store.scroll("docs")} == {e.doc_id for e in events}
