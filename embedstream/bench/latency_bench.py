@@ -302,9 +302,9 @@ def _progress(step: Step) -> None:
 
 
 def run(rates: list[float], rerank_rates: list[float], policies: list[str], port: int = 9092, step_s: float = 6.0,
-        rerank_step_s: float = 10.0, max_requests: int = 2000, target_ms: float = 30.0, rerank_target_ms: float = 500.0,
+        rerank_step_s: float = 10.0, max_requests: int = 2000, target_ms: float = 30.0, rerank_target_ms: float = 1000.0,
         deadline_ms: float | None = None, rerank_deadline_ms: float | None = None, backlog: bool = True,
-        backlog_docs: int = 400, warmup: int = 120, rerank_warmup: int = 5, candidate_words: int = 10,
+        backlog_docs: int = 400, warmup: int = 120, rerank_warmup: int = 5, candidate_words: int = 8,
         rerank: bool = True, out_dir: str = "bench-results", keep_logs: bool = False) -> LatencyBenchResult:
     from embedstream.bench.rerank_bench import build_minilm_cross_encoder
     from embedstream.engine.model_spec import resolve_model
