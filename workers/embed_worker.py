@@ -361,8 +361,9 @@ class EmbedWorker(StagedWorkerLoop):
                 self.to_output.put(job, timeout=_WAIT_S)
                 return
             except queue.Full:
-                if self._halt.is_set():
-                    raise RuntimeError("the output stage stopped") from None
+                if self.stopping():  # stopping with the sink away: the batch stays uncommitted (redelivered)
+                    log.info("stopping: a computed batch was not written", items=len(job.items))
+                    return
                 if stage is not None:
                     stage.touch()  # held back by the output stage on purpose: its own step is watched
 

@@ -5,6 +5,8 @@ pause/resume backpressure on that queue, and what a rebalance does to them (fini
 committed, queued work of revoked partitions is dropped: the new owner gets it redelivered). The
 embed worker runs one lane per consumer group (online, bulk); the rerank worker and the CDC bridge
 run one each. Records leave a lane as written results, replies or dead letters, never silently.
+Only the thread that owns the consumer polls, pauses, commits and handles rebalances; a staged
+worker's other threads reach a lane only through its ``SyncQueue`` and the outbox.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class Lane:
         self._lost_since: float | None = None
         self.rebuilds = 0  # consumers replaced by the join watchdog
         self.last_lag = 0
+        self.rewind: dict[tuple[str, int], int] = {}  # revoked partitions' first unfinished offsets
         self._next_topic_check = 0.0
         self._next_wait_log = 0.0
 
@@ -174,6 +177,7 @@ class Lane:
         except Exception as exc:  # noqa: BLE001 - the old consumer is abandoned either way
             log.warning("closing the stuck consumer failed", lane=self.name, error=str(exc)[:300])
         self.consumer = self._new_consumer()
+        self.rewind.clear()  # the new consumer starts from the committed offsets
         self.subscribed_at = self._lost_since = None
         self._next_topic_check = 0.0
         self.paused = False
@@ -220,9 +224,21 @@ class Lane:
         commit_finished(self.consumer, self.offsets, wait=wait, lane=self.name)
 
     def drop(self, partitions: set[tuple[str, int]]) -> None:
-        """Forget queued work and offsets of partitions this worker no longer owns."""
+        """Forget queued work and offsets of partitions this worker no longer owns.
+
+        Where each one's unfinished work began is kept (``rewind``): kafka-python 3.0.12 keeps the fetch
+        position of a partition that an eager rebalance revokes and then assigns back to the same
+        member, so the dropped records would otherwise never come again."""
         self.queue.keep(lambda item: (item.topic, item.partition) not in partitions)
-        self.offsets.forget(partitions)
+        self.rewind.update(self.offsets.forget(partitions))
+
+    def rewind_assigned(self, assigned) -> None:
+        """Partitions assigned back after a revocation: fetch again from their first unfinished record."""
+        for tp in assigned:
+            offset = self.rewind.pop((tp.topic, tp.partition), None)
+            if offset is not None:
+                self.consumer.seek(tp, offset)  # local state only (no broker call): allowed on the IO thread
+        self.rewind.clear()  # the rest went to other members: they start from the committed offsets
 
     def hold(self) -> list:
         """Pause every assigned partition (a sink outage); returns what to ``release`` later."""
@@ -264,6 +280,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self.lane.drop(partitions)
 
     def on_partitions_assigned(self, assigned):
+        self.lane.rewind_assigned(assigned)
         log.info("partitions assigned", lane=self.lane.name,
                  partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
 

@@ -6,6 +6,8 @@ final commit and close, readiness checks, and ``write_with_retry`` which decides
 write means for its records (``lane.failure_kind``): transient failures back off with every lane
 paused (the group keeps the member, nothing more is fetched, nothing commits); permanent ones,
 and unknown ones that outlast ``record_retry_limit_s``, come back as the reason to dead-letter.
+The rerank worker and the CDC bridge run this serial loop; the embed worker runs its staged variant
+(``workers/stages.py``: intake, model and output on their own threads).
 """
 
 from __future__ import annotations

@@ -49,12 +49,19 @@ class OffsetTracker:
         for tp, offset in offsets.items():
             self._committable[tp] = max(offset, self._committable.get(tp, offset))
 
-    def forget(self, partitions: set[tuple[str, int]]) -> None:
-        """Drop state for partitions this worker no longer owns (after a rebalance); their handles read revoked."""
+    def forget(self, partitions: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Drop state for partitions this worker no longer owns (after a rebalance); their handles read revoked.
+
+        Returns, per partition, the first offset not finished: where consumption must start again
+        should the partition come back to this worker."""
+        unfinished: dict[tuple[str, int], int] = {}
         for tp in partitions:
             for handle in self._pending.pop(tp, ()):
+                if not handle[1] and tp not in unfinished:
+                    unfinished[tp] = handle[0]
                 handle[2] = True
             self._committable.pop(tp, None)
+        return unfinished
 
     def outstanding(self) -> int:
         return sum(1 for q in self._pending.values() for h in q if not h[1])

@@ -90,3 +90,53 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
             other.close()
         progress.close()
         worker.close()
+
+
+@pytest.mark.timeout(150)
+def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(kafka_bootstrap, minilm_engine):
+    """Eager rebalance: every partition is revoked (queued work dropped), then some come back to the same
+    member. kafka-python keeps a returning partition's fetch position, so the lane rewinds it to its first
+    unfinished record; without that the dropped records were never seen again."""
+    import threading
+
+    from embedstream.workers.runtime import build_embed_worker
+
+    settings = isolated_settings(kafka_bootstrap, "rewind")
+    ensure_topics(settings.kafka, partitions=2)
+    topic, group = settings.kafka.topic_chunks_bulk, settings.kafka.group_bulk
+    events = _chunk_events(40, "w")
+    _publish(settings, topic, [encode(e) for e in events])
+    store = memory_store()
+    worker = build_embed_worker(settings, ("bulk",), store=store, engine=minilm_engine)
+    lane = worker.lanes["bulk"]
+    other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
+    try:
+        end = time.monotonic() + 60
+        while (not lane.consumer.assignment() or len(lane.queue) < len(events)) and time.monotonic() < end:
+            worker.intake("bulk", 200)
+        assert len(lane.queue) == len(events)  # all queued, nothing processed or committed
+        other.subscribe([topic])
+        joined = threading.Event()
+
+        def second_member() -> None:
+            while not joined.is_set():
+                other.poll(timeout_ms=200)
+
+        member = threading.Thread(target=second_member, daemon=True)
+        member.start()
+        end = time.monotonic() + 60
+        while len(lane.consumer.assignment()) != 1 and time.monotonic() < end:
+            worker.intake("bulk", 200)  # revoked both, got one back: its queued work was dropped
+        joined.set()
+        member.join(10)
+        assert len(lane.consumer.assignment()) == 1
+        other.close()  # leaves: the group gives both partitions to the worker again
+        end = time.monotonic() + 90
+        while (not store.collection_exists("docs") or store.count("docs") < len(events)) and time.monotonic() < end:
+            worker.intake("bulk", 200)
+            while batch := worker.next_batch():
+                worker.process(batch)
+        assert store.count("docs") == len(events)
+        assert {p.id for p in store.scroll("docs")} == {point_id(e.doc_id, e.chunk_id) for e in events}
+    finally:
+        worker.close()
