@@ -67,6 +67,7 @@ class Step:
     bulk_chunks_per_s: float | None = None
     shed_reply_ms_p50: float | None = None  # how fast a shed request got its answer (client round trip)
     backlog_left: int | None = None
+    in_target_pct: float = 0.0  # answered (not shed) within the target: the goodput a caller with that SLO sees
 
     def sustained(self, target_ms: float) -> bool:
         served = self.sent - self.shed - self.failed
@@ -152,13 +153,14 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def _step(kind: str, policy: str, backlog: bool, rate: float, result, bulk_cps: float | None = None,
-          backlog_left: int | None = None) -> Step:
+def _step(kind: str, policy: str, backlog: bool, rate: float, result, target_ms: float,
+          bulk_cps: float | None = None, backlog_left: int | None = None) -> Step:
     ok, shed, failed, elapsed = result
     sent = len(ok) + len(shed) + failed
+    in_target = 100.0 * sum(1 for ms in ok if ms <= target_ms) / sent if sent else 0.0
     return Step(kind, policy, backlog, rate, sent, len(ok) / elapsed if elapsed else 0.0, _pct(ok, 50), _pct(ok, 95),
                 _pct(ok, 99), 100.0 * len(shed) / sent if sent else 0.0, len(shed), failed, bulk_cps,
-                _pct(shed, 50) if shed else None, backlog_left)
+                _pct(shed, 50) if shed else None, backlog_left, in_target)
 
 
 # -- workers -------------------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ def _embed_policy(settings: Settings, policy: str, rates: list[float], opts: dic
         for i, rate in enumerate(rates):
             result = open_loop(client, k.topic_queries, make, QueryReply, rate, opts["step_s"], opts["max_requests"],
                                opts["deadline_ms"], seed=i)
-            out.append(_step("embed", policy, False, rate, result))
+            out.append(_step("embed", policy, False, rate, result, opts["target_ms"]))
             _progress(out[-1])
         if not opts["backlog"]:
             return
@@ -250,8 +252,8 @@ def _embed_policy(settings: Settings, policy: str, rates: list[float], opts: dic
                 result = open_loop(client, k.topic_queries, make, QueryReply, rate, opts["step_s"],
                                    opts["max_requests"], opts["deadline_ms"], seed=100 + i)
                 after = probe.lag()
-                out.append(_step("embed", policy, True, rate, result, (before - after) / (time.perf_counter() - t0),
-                                 after))
+                out.append(_step("embed", policy, True, rate, result, opts["target_ms"],
+                                 (before - after) / (time.perf_counter() - t0), after))
                 _progress(out[-1])
 
 
@@ -291,7 +293,7 @@ def _rerank_policy(settings: Settings, policy: str, rates: list[float], opts: di
         for i, rate in enumerate(rates):
             result = open_loop(client, k.topic_rerank, make, RerankReply, rate, opts["rerank_step_s"],
                                opts["max_requests"], opts["rerank_deadline_ms"], seed=200 + i)
-            out.append(_step("rerank", policy, False, rate, result))
+            out.append(_step("rerank", policy, False, rate, result, opts["rerank_target_ms"]))
             _progress(out[-1])
 
 
@@ -394,18 +396,22 @@ def print_table(result: LatencyBenchResult) -> None:
     for name, justify in (("lane", "left"), ("policy", "left"), ("backlog", "left"), ("offered QPS", "right"),
                           ("achieved QPS", "right"), ("p50 ms", "right"), ("p95 ms", "right"), ("p99 ms", "right"),
                           ("shed %", "right"), ("shed reply p50 ms", "right"), ("failed", "right"),
+                          ("in target %", "right"),
                           ("bulk chunks/s", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for s in result.steps:
         table.add_row(s.kind, s.policy, "yes" if s.backlog else "no", f"{s.offered_qps:g}", f"{s.achieved_qps:.1f}",
                       f"{s.p50:.1f}", f"{s.p95:.1f}", f"{s.p99:.1f}", f"{s.shed_pct:.1f}",
                       "" if s.shed_reply_ms_p50 is None else f"{s.shed_reply_ms_p50:.1f}", str(s.failed),
+                      f"{s.in_target_pct:.0f}",
                       "" if s.bulk_chunks_per_s is None else f"{s.bulk_chunks_per_s:.1f}"
                       + (" (drained)" if s.backlog_left == 0 else ""))
     console = logs.console()
     console.print(table)
     for line in summary(result):
         console.print(line, highlight=False)
+    console.print("in target %: requests answered (not shed) within the target, of all sent: what a caller with "
+                  "that latency budget gets", highlight=False)
     console.print(f"table: {result.table}\nplot: {result.png}", highlight=False)
 
 
