@@ -37,3 +37,20 @@ def test_a_zero_window_never_waits():
     window = BatchingWindow(window_ms=0)
     window.arrived(when=10.0, count=8)
     assert window.deadline(oldest_received=10.0) == 10.0
+
+
+def test_the_window_follows_the_configured_policy():
+    from embedstream.config import WorkerSettings
+
+    fixed = BatchingWindow.from_settings(WorkerSettings(admission_policy="fixed", batch_window_ms=5))
+    assert fixed.controller.config.policy == "fixed" and fixed.window_s == 0.005
+    steered = BatchingWindow.from_settings(WorkerSettings(latency_target_ms=20, max_window_ms=4), "rerank")
+    assert steered.controller.lane == "rerank" and steered.controller.config.target_ms == 20
+    assert steered.window_s == 0.0  # the controller starts closed and opens while the p95 has slack
+
+
+def test_the_wait_stops_at_the_oldest_requests_deadline_budget():
+    window = BatchingWindow(window_ms=10)
+    window.arrived(when=10.0, count=4)
+    assert window.deadline(oldest_received=10.0) == 10.010
+    assert window.deadline(oldest_received=10.0, oldest_deadline_s=10.006) == 10.006 - 0.002  # reply allowance
