@@ -87,10 +87,10 @@ def embed_cached(model: str, texts: list[str], threads: int | None = None, progr
     if precision != "float32":  # float32 keeps its old cache key
         digest.update(f"precision={precision}\x1e".encode())
     if precision == "int8":  # a new int8 recipe must not read the old recipe's vectors
-        from embedstream.engine.backends.bert import INT8_SMOOTH_ALPHA
+        from embedstream.engine.backends.bert import INT8_RECIPE
         from embedstream.engine.calibrate import CALIBRATION_VERSION
 
-        digest.update(f"recipe={sorted(INT8_SMOOTH_ALPHA.items())}/{CALIBRATION_VERSION}\x1e".encode())
+        digest.update(f"recipe={sorted(INT8_RECIPE.items())}/{CALIBRATION_VERSION}\x1e".encode())
     for text in texts:
         digest.update(text.encode("utf-8", "surrogatepass") + b"\x1e")
     path = CACHE_DIR / f"quality-{digest.hexdigest()[:16]}.npy"

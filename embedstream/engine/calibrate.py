@@ -110,10 +110,9 @@ def measure(encoder, batches) -> Stats:
 def calibration_texts(spec, count: int = CALIBRATION_TEXTS) -> tuple[object, list[str]]:
     """(the engine's TextTokenizer for ``spec``, the fixed calibration texts); peers calibrate on the same."""
     from embedstream.bench.corpus import mixed_length_texts
-    from embedstream.engine.engine import _st_lowercase
-    from embedstream.engine.tokenize import TextTokenizer, load_tokenizer
+    from embedstream.engine.tokenize import TextTokenizer, load_tokenizer, st_lowercase
 
-    tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, bool(_st_lowercase(spec)))
+    tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, st_lowercase(spec.path))
     texts = mixed_length_texts(count, lambda s: len(tokenizer.tokenizer.encode(s).ids), spec.max_tokens,
                                seed=CALIBRATION_SEED)
     return tokenizer, texts

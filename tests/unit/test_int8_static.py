@@ -33,8 +33,10 @@ def test_static_int8_linear_matches_float32_with_its_epilogues():
     weight, bias, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(200, 64)
     residual = torch.randn(200, 96)
     exact = x @ weight.t() + bias
-    for alpha in (None, 0.5):
-        layer = StaticInt8Linear(weight, bias, x.amin(0), x.amax(0), smooth_alpha=alpha)
+    for alpha, per_token, float_channels in ((None, False, 0), (0.5, False, 0), (0.5, False, 4), (None, True, 0),
+                                             (0.5, True, 0), (0.5, True, 4)):
+        layer = StaticInt8Linear(weight, bias, x.amin(0), x.amax(0), smooth_alpha=alpha, per_token=per_token,
+                                 float_channels=float_channels)
         assert _rel_err(layer(x), exact) < 2e-2
         assert _rel_err(layer(x, "gelu"), torch.nn.functional.gelu(exact)) < 3e-2
         assert _rel_err(layer(x, "gelu_tanh"), torch.nn.functional.gelu(exact, approximate="tanh")) < 3e-2
@@ -43,9 +45,45 @@ def test_static_int8_linear_matches_float32_with_its_epilogues():
         into = residual.clone()
         layer.add_into(into, x)
         assert _rel_err(into, exact + residual) < 2e-2
-    to_bf16 = StaticInt8Linear(weight, bias, x.amin(0), x.amax(0), out_dtype=torch.bfloat16)
-    out = to_bf16(x, "gelu")
-    assert out.dtype == torch.bfloat16 and _rel_err(out, torch.nn.functional.gelu(exact)) < 3e-2
+    for per_token in (False, True):
+        to_bf16 = StaticInt8Linear(weight, bias, x.amin(0), x.amax(0), out_dtype=torch.bfloat16, per_token=per_token,
+                                   float_channels=4)
+        out = to_bf16(x, "gelu")
+        assert out.dtype == torch.bfloat16 and _rel_err(out, torch.nn.functional.gelu(exact)) < 3e-2
+
+
+def test_float_channels_leave_the_callers_weight_alone():
+    torch.manual_seed(3)
+    weight, x = torch.randn(32, 48), torch.randn(50, 48)
+    before = weight.clone()
+    StaticInt8Linear(weight, None, x.amin(0), x.amax(0), smooth_alpha=None, per_token=True, float_channels=6)
+    assert torch.equal(weight, before)
+
+
+def test_per_token_scales_follow_each_rows_own_range():
+    """Rows 1,000x apart in size: one calibrated scale rounds the small rows to nothing, per-row scales keep them."""
+    torch.manual_seed(4)
+    weight, x = torch.randn(64, 64) * 0.1, torch.randn(200, 64)
+    x[::2] *= 1000
+    small = slice(1, None, 2)
+    exact = (x @ weight.t())[small]
+    static = StaticInt8Linear(weight, None, x.amin(0), x.amax(0), smooth_alpha=None)
+    token = StaticInt8Linear(weight, None, x.amin(0), x.amax(0), smooth_alpha=None, per_token=True)
+    assert _rel_err(token(x)[small], exact) < 2e-2 < _rel_err(static(x)[small], exact)
+
+
+def test_float_channels_take_the_outliers_smoothing_leaves():
+    """A channel 300x the rest in some tokens only: smoothing by its calibrated range cannot fit both
+    kinds of token; computing that channel in float keeps every row at int8's resolution."""
+    torch.manual_seed(2)
+    weight, x = torch.randn(64, 64) * 0.1, torch.randn(300, 64)
+    x[::10, 5] *= 300
+    exact = x @ weight.t()
+    kwargs = dict(smooth_alpha=0.5, per_token=True)
+    plain = StaticInt8Linear(weight, None, x.amin(0), x.amax(0), **kwargs)
+    split = StaticInt8Linear(weight, None, x.amin(0), x.amax(0), float_channels=1, **kwargs)
+    assert split.float_idx.tolist() == [5]
+    assert _rel_err(split(x), exact) < 0.5 * _rel_err(plain(x), exact)
 
 
 def test_smoothing_absorbs_an_outlier_channel():
