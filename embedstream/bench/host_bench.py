@@ -12,8 +12,9 @@ the tokenizer fingerprint, :mod:`embedstream.schemas.token_ids`). Then, in turns
   and settle their partition assignment first, then the backlog's records (encoded once) are sent,
   so no rebalance happens while a backlog drains.
 
-A run's rate is taken over the drain only (from the first committed progress to the last commit;
-start-up excluded): committed offsets follow the store writes, so committed == written. Each
+A run's rate is taken over the drain only (from the first record sent, to the workers already up
+and assigned, until every offset is committed; start-up excluded): committed offsets follow the
+store writes, so committed == written. Each
 worker's ``/metrics`` is scraped at both ends of that window for its stages' busy/idle seconds
 (``embedstream_stage_busy_seconds_total`` and friends, where the worker exports them), and its
 peak RSS is read from ``/proc``. The host is shared: quote the ratios taken within one run.
@@ -272,12 +273,9 @@ def _end_to_end(settings: Settings, backlog: Backlog, kind: str, processes: int,
             time.sleep(0.2)
         k = settings.kafka.model_copy(update={"topic_chunks_bulk": topic})
         with _LagProbe(k, group) as probe:
-            _send(settings, topic, backlog.records[kind])
-            while (left := probe.lag()) >= total:  # nothing committed yet
-                _check_time(end, run_dir, "nothing committed")
-                time.sleep(0.05)
-            start, start_left = time.perf_counter(), left
             before = [w.stage_seconds() for w in workers]
+            start = time.perf_counter()
+            _send(settings, topic, backlog.records[kind])
             while probe.lag() > 0:
                 _check_time(end, run_dir, "backlog not drained")
                 time.sleep(0.05)
@@ -287,9 +285,7 @@ def _end_to_end(settings: Settings, backlog: Backlog, kind: str, processes: int,
     finally:
         for w in workers:
             w.stop()
-    done = start_left  # what was left when the first commit showed: drained within the window
-    tokens = round(backlog.tokens * done / total)
-    return Row(backlog.model, "end to end", kind, processes, done, tokens, seconds,
+    return Row(backlog.model, "end to end", kind, processes, total, backlog.tokens, seconds,
                _fractions(before, after, seconds), max((r for r in rss if r is not None), default=None))
 
 
