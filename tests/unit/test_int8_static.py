@@ -33,6 +33,7 @@ def test_static_int8_linear_matches_float32_with_its_epilogues():
     weight, bias, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(200, 64)
     residual = torch.randn(200, 96)
     exact = x @ weight.t() + bias
+    inputs = [t.clone() for t in (weight, bias, x, residual)]
     for alpha, per_token, float_channels in ((None, False, 0), (0.5, False, 0), (0.5, False, 4), (None, True, 0),
                                              (0.5, True, 0), (0.5, True, 4)):
         layer = StaticInt8Linear(weight, bias, x.amin(0), x.amax(0), smooth_alpha=alpha, per_token=per_token,
@@ -50,6 +51,8 @@ def test_static_int8_linear_matches_float32_with_its_epilogues():
                                    float_channels=4)
         out = to_bf16(x, "gelu")
         assert out.dtype == torch.bfloat16 and _rel_err(out, torch.nn.functional.gelu(exact)) < 3e-2
+    for before, after in zip(inputs, (weight, bias, x, residual)):  # in-place epilogues never touch inputs
+        assert torch.equal(before, after)
 
 
 def test_float_channels_leave_the_callers_weight_alone():
