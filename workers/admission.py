@@ -272,6 +272,15 @@ class LaneController:
         """A request of this lane was answered ``ms`` after it arrived."""
         self.latency.observe(ms)
 
+    def observed_reply(self, in_worker_ms: float, sent_at_ms: int | None, now_ms: int) -> None:
+        """A reply went out: the latency its caller sees, as far as the worker can tell: since the client sent
+        it (``sent_at_ms``, when present and plausible: the clocks agree on one host or under NTP), else
+        since it arrived here. The caller's wait includes the trip in, which on this 2-vCPU host under
+        load was 10-25 ms of a 30 ms target: steering by the in-worker time alone read slack there."""
+        age = None if not sent_at_ms else now_ms - sent_at_ms
+        plausible = age is not None and in_worker_ms <= age <= self.config.max_request_age_ms
+        self.latency.observe(float(age) if plausible else in_worker_ms)
+
     def _adjust(self) -> None:
         if self.config.policy != "aimd":
             return

@@ -315,7 +315,8 @@ class RerankWorker(WorkerLoop):
             else:
                 self._answer_search(item, retrieved[pos], results[pos] if item.request.rerank else None, start,
                                     rerank_ms)
-            self.admission[item.lane].observed_latency((time.perf_counter() - item.received) * 1000)
+            self.admission[item.lane].observed_reply((time.perf_counter() - item.received) * 1000,
+                                                     item.request.sent_at_ms, now_ms())
             self.metrics.observe_stage("reply", item.lane, (time.perf_counter() - reply_start) * 1000)
 
     def _answer_rerank(self, item: _Item, results: dict[int, ScoreResult], start: float, timings: StageTimings,

@@ -207,3 +207,16 @@ def test_shedding_counts_as_a_miss_so_bulk_yields_to_a_lane_that_sheds_everythin
     for _ in range(10):
         assert c.late(now + 10, now, tokens_ahead=1000, tokens=20) == PREDICTED_LATE
     assert c.at_risk()
+
+
+def test_the_p95_is_the_callers_wait_when_the_send_time_is_known():
+    c = controller(target_ms=30)
+    now = 1_700_000_000_000
+    for _ in range(10):
+        c.observed_reply(8.0, sent_at_ms=now - 26, now_ms=now)  # 18 ms of it was the trip in
+    assert c.latency.p95() == 26.0 and c.at_risk()
+    c = controller(target_ms=30)
+    for sent in (None, now + 50, now - 10 ** 9):  # unknown, a clock ahead, absurdly old: the in-worker time
+        for _ in range(3):
+            c.observed_reply(8.0, sent_at_ms=sent, now_ms=now)
+    assert c.latency.p95() == 8.0
