@@ -135,6 +135,8 @@ class EmbedWorker(StagedWorkerLoop):
             return 0
         received = time.perf_counter()
         for first in range(0, len(records), _INTAKE_SLICE):
+            if first and name == "bulk":
+                self.intake("online", 0)  # a query waits for one bulk slice's decoding at most, not a whole poll's
             self._queue_records(lane, records[first:first + _INTAKE_SLICE], received)
         if name == "online":
             self.scheduler.online_arrived()
@@ -361,7 +363,7 @@ class EmbedWorker(StagedWorkerLoop):
                 self.to_output.put(job, timeout=_WAIT_S)
                 return
             except queue.Full:
-                if self.stopping():  # stopping with the sink away: the batch stays uncommitted (redelivered)
+                if self._halt.is_set() or not self._stage_alive("output"):  # stopped: redelivered later
                     log.info("stopping: a computed batch was not written", items=len(job.items))
                     return
                 if stage is not None:
@@ -396,8 +398,10 @@ class EmbedWorker(StagedWorkerLoop):
             return True
         if not self.stop_event.is_set():
             return False
-        model = next((s for s in self.running_stages if s.name == "model"), None)
-        return (model is None or not model.thread.is_alive()) and self.to_output.empty()
+        return not self._stage_alive("model") and self.to_output.empty()
+
+    def _stage_alive(self, name: str) -> bool:
+        return any(stage.name == name and stage.thread.is_alive() for stage in self.running_stages)
 
     def write(self, job: WriteJob) -> None:
         """Upsert runs of embedded chunks and apply deletes between them, exactly in log order."""
