@@ -46,8 +46,6 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
     the commit (in production: a query answered or a record dead-lettered inside the online
     batching window, just before the poll that joins a rebalance).
     """
-    import threading
-
     from embedstream.workers.runtime import build_embed_worker
 
     settings = isolated_settings(kafka_bootstrap, "revoke")
@@ -60,30 +58,12 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
     other = None
     progress = _GroupProgress(settings, topic, group)
     try:
-        consumer = worker.lanes["bulk"].consumer
-        end = time.monotonic() + 60
-        while (not consumer.assignment() or len(worker.lanes["bulk"].queue) < len(events)) and time.monotonic() < end:
-            worker.intake("bulk", 200)
-        assert len(worker.lanes["bulk"].queue) == len(events)
+        _queue_everything(worker, len(events))
         while batch := worker.next_batch():
             worker.process(batch)  # written to the store, not committed yet
         assert store.count(settings.qdrant.collection) == len(events) and progress.committed() == 0
         other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
-        other.subscribe([topic])
-        joined = threading.Event()
-
-        def second_member() -> None:  # a second worker joining the group: the group rebalances
-            while not joined.is_set():
-                other.poll(timeout_ms=200)
-
-        member = threading.Thread(target=second_member, daemon=True)
-        member.start()
-        end = time.monotonic() + 60
-        while len(consumer.assignment()) != 1 and time.monotonic() < end:
-            worker.intake("bulk", 200)  # the revocation happens inside this poll
-        joined.set()
-        member.join(10)
-        assert len(consumer.assignment()) == 1
+        _second_member_takes_a_partition(worker, other, topic)
         assert progress.committed() == len(events), "finished work was not committed on revocation"
     finally:
         if other is not None:
@@ -92,13 +72,43 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
         worker.close()
 
 
+def _queue_everything(worker, count: int) -> None:
+    """Drive the bulk lane's intake by hand until ``count`` records are queued (none processed)."""
+    lane = worker.lanes["bulk"]
+    end = time.monotonic() + 60
+    while (not lane.consumer.assignment() or len(lane.queue) < count) and time.monotonic() < end:
+        worker.intake("bulk", 200)
+    assert len(lane.queue) == count
+
+
+def _second_member_takes_a_partition(worker, other, topic: str) -> None:
+    """``other`` joins the worker's bulk group and polls until the worker holds one of the two partitions;
+    the revocation happens inside the worker's own intake polls."""
+    import threading
+
+    consumer = worker.lanes["bulk"].consumer
+    other.subscribe([topic])
+    joined = threading.Event()
+
+    def second_member() -> None:  # a second worker joining the group: the group rebalances
+        while not joined.is_set():
+            other.poll(timeout_ms=200)
+
+    member = threading.Thread(target=second_member, daemon=True)
+    member.start()
+    end = time.monotonic() + 60
+    while len(consumer.assignment()) != 1 and time.monotonic() < end:
+        worker.intake("bulk", 200)
+    joined.set()
+    member.join(10)
+    assert len(consumer.assignment()) == 1
+
+
 @pytest.mark.timeout(150)
 def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(kafka_bootstrap, minilm_engine):
     """Eager rebalance: every partition is revoked (queued work dropped), then some come back to the same
     member. kafka-python keeps a returning partition's fetch position, so the lane rewinds it to its first
     unfinished record; without that the dropped records were never seen again."""
-    import threading
-
     from embedstream.workers.runtime import build_embed_worker
 
     settings = isolated_settings(kafka_bootstrap, "rewind")
@@ -108,28 +118,10 @@ def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(k
     _publish(settings, topic, [encode(e) for e in events])
     store = memory_store()
     worker = build_embed_worker(settings, ("bulk",), store=store, engine=minilm_engine)
-    lane = worker.lanes["bulk"]
     other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
     try:
-        end = time.monotonic() + 60
-        while (not lane.consumer.assignment() or len(lane.queue) < len(events)) and time.monotonic() < end:
-            worker.intake("bulk", 200)
-        assert len(lane.queue) == len(events)  # all queued, nothing processed or committed
-        other.subscribe([topic])
-        joined = threading.Event()
-
-        def second_member() -> None:
-            while not joined.is_set():
-                other.poll(timeout_ms=200)
-
-        member = threading.Thread(target=second_member, daemon=True)
-        member.start()
-        end = time.monotonic() + 60
-        while len(lane.consumer.assignment()) != 1 and time.monotonic() < end:
-            worker.intake("bulk", 200)  # revoked both, got one back: its queued work was dropped
-        joined.set()
-        member.join(10)
-        assert len(lane.consumer.assignment()) == 1
+        _queue_everything(worker, len(events))  # nothing processed or committed
+        _second_member_takes_a_partition(worker, other, topic)  # revoked both, got one back: its queue dropped
         other.close()  # leaves: the group gives both partitions to the worker again
         end = time.monotonic() + 90
         while (not store.collection_exists("docs") or store.count("docs") < len(events)) and time.monotonic() < end:

@@ -187,6 +187,18 @@ def test_sink_rejections_are_dead_lettered_per_record_and_both_lanes_go_on(kafka
     assert "choked on cursed" in next(letter for letter in letters if letter.offset == 4).error.message
 
 
+def _exit_of(worker) -> SystemExit:
+    """Run the worker as its process would (``run_until_signalled``); the SystemExit it ends with."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as exited:
+            run_until_signalled(worker, None)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return exited.value
+
+
 class _BrokenWorker(WorkerLoop):
     """A worker whose step fails in a way no retry can fix (e.g. its disk went away)."""
 
@@ -199,15 +211,9 @@ class _BrokenWorker(WorkerLoop):
 def test_a_worker_that_cannot_continue_exits_non_zero_with_the_reason(kafka_bootstrap):
     settings = isolated_settings(kafka_bootstrap, "broken")
     worker = _BrokenWorker(settings.kafka, settings.worker, WorkerMetrics(), "broken-1")
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        with pytest.raises(SystemExit) as exited:
-            run_until_signalled(worker, None)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    assert exited.value.code not in (0, None)  # a message: the interpreter prints it and exits with status 1
-    assert "No space left on device" in str(exited.value.code) and "broken worker" in str(exited.value.code)
+    exited = _exit_of(worker)
+    assert exited.code not in (0, None)  # a message: the interpreter prints it and exits with status 1
+    assert "No space left on device" in str(exited.code) and "broken worker" in str(exited.code)
 
 
 class FailingForward:
@@ -317,14 +323,8 @@ def test_an_error_escaping_the_model_stage_ends_the_worker_non_zero_with_the_rea
     topic = settings.kafka.topic_chunks_bulk
     _send(settings, topic, [encode(ChunkEvent(doc_id="doomed", chunk_id=0, text="this pass never finishes"))])
     worker = build_embed_worker(settings, ("bulk",), store=memory_store(), engine=FatalForward(minilm_engine))
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        with pytest.raises(SystemExit) as exited:
-            run_until_signalled(worker, None)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    assert "the device fell off the bus" in str(exited.value.code) and "embed worker" in str(exited.value.code)
+    exited = _exit_of(worker)
+    assert "the device fell off the bus" in str(exited.code) and "embed worker" in str(exited.code)
     assert isinstance(worker.failure, _Fatal)
     assert all(not stage.thread.is_alive() for stage in worker.running_stages)
     assert _committed(settings, topic, settings.kafka.group_bulk) == 0
