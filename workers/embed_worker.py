@@ -31,6 +31,7 @@ from embedstream.engine.errors import EngineError
 from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
+from embedstream.workers.admission import SHED_MESSAGES
 from embedstream.workers.batching_window import BatchingWindow
 from embedstream.workers.lane import Lane, SyncQueue, Taken
 from embedstream.workers.loop import ABANDONED, new_worker_id
@@ -64,6 +65,7 @@ class WorkItem(Taken):
     event: ChunkEvent | DocumentDelete | QueryRequest | None = None
     prepared: Prepared | None = None
     received: float = field(default_factory=time.perf_counter)
+    deadline_ms: int = 0  # a query's effective deadline (epoch ms): defaulted and capped on arrival
 
     @property
     def tokens(self) -> int:
@@ -108,7 +110,9 @@ class EmbedWorker(StagedWorkerLoop):
         self.options = options or WorkerOptions.from_settings(settings)
         super().__init__(settings.kafka, self.options, metrics or WorkerMetrics(), self.options.worker_id)
         self.scheduler = Scheduler(engine.limits, self.options.bulk_slice_tokens, self.options.online_quiet_s)
-        self.window = BatchingWindow(self.options.batch_window_ms)
+        self.window = BatchingWindow.from_settings(self.options, "online")
+        self.admission = self.window.controller  # online lane: window, compute prediction, shedding (issue #16)
+        self.scheduler.admission = self.admission  # bulk slices shrink while online is at risk
         self.last_commit = 0.0
         self.policy = TrustPolicy.from_settings(settings)
         self.queued = threading.Condition(threading.RLock())  # every lane queue's changes; waits for work or room
@@ -176,7 +180,7 @@ class EmbedWorker(StagedWorkerLoop):
                 self._reject(lane, record, handle, event, prep)
                 continue
             ready.append(WorkItem(name, record, handle, event, prep, received))
-        lane.queue.push_many(ready)
+        lane.queue.push_many(self._admit(lane, ready))
 
     def _check_model(self, event) -> None:
         model = getattr(event, "model", None)
@@ -198,6 +202,29 @@ class EmbedWorker(StagedWorkerLoop):
         else:
             lane.dead_letter(record, info, handle)
 
+    def _admit(self, lane: Lane, items: list[WorkItem]) -> list[WorkItem]:
+        """The items to queue; a query whose deadline is gone, or that cannot finish by it behind the tokens
+        queued ahead of it, is answered ``deadline_exceeded`` at once instead (``workers/admission.py``)."""
+        now, ahead, admitted = now_ms(), lane.queue.tokens, []
+        for item in items:
+            if isinstance(item.event, QueryRequest):
+                reason = self.admission.refuse_on_arrival(item.event.deadline_ms, now)
+                if reason is None:
+                    item.deadline_ms = self.admission.deadlines.effective(item.event.deadline_ms, now)
+                    reason = self.admission.late(item.deadline_ms, now, ahead, item.tokens,
+                                                 self.engine.limits.max_batch_tokens)
+                if reason is not None:
+                    self._shed(item, reason)
+                    continue
+            ahead += item.tokens
+            admitted.append(item)
+        return admitted
+
+    def _shed(self, item: WorkItem, reason: str) -> None:
+        self._reply_error(item.lane, item.record, item.event, item.handle,
+                          ErrorInfo(code="deadline_exceeded", message=SHED_MESSAGES[reason]))
+        self.metrics.shed.labels(lane=item.lane, reason=reason).inc()
+
     def _reply_error(self, lane: str, record, request: QueryRequest, handle, info: ErrorInfo) -> None:
         reply = QueryReply(request_id=request.request_id, model=self.engine.spec.name, error=info)
         self.lanes[lane].reply(record, request, reply, handle)
@@ -216,8 +243,10 @@ class EmbedWorker(StagedWorkerLoop):
         """Give a fresh online batch up to ``batch_window_ms`` to grow, while traffic is dense."""
         oldest = online.queue.oldest
         if oldest is not None:
+            deadline_s = self.admission.deadline_on_clock(oldest.deadline_ms, now_ms()) if oldest.deadline_ms else None
             self.window.gather(oldest.received, lambda: self._online_arrivals(online),
-                               lambda: online.queue.tokens >= self.engine.limits.max_batch_tokens)
+                               lambda: online.queue.tokens >= self.engine.limits.max_batch_tokens,
+                               deadline_s, lambda: online.queue.tokens)
 
     def _online_arrivals(self, online: Lane, wait_s: float = 0.0005) -> int:
         """Wait briefly for intake to queue more online work; how many items arrived meanwhile."""
@@ -244,11 +273,17 @@ class EmbedWorker(StagedWorkerLoop):
         if not live:
             return [WriteJob(batch, {})]
         timings = StageTimings()
+        predicted_ms = self.admission.model.predict(sum(i.tokens for i in live))
+        pass_start = time.perf_counter()
         try:
             vectors = self.engine.forward([i.prepared for i in live], timings)
         except Exception as exc:  # noqa: BLE001 - a failed pass fails its records, never the worker
             return self._forward_failed(batch, live, exc)
         self.metrics.observe_batch(live[0].lane, timings, len(live))
+        pass_ms = (time.perf_counter() - pass_start) * 1000
+        self.admission.observed_pass(timings.tokens, pass_ms)  # bulk passes too: one engine, one cost model
+        self.metrics.observe_pass(live[0].lane, self.admission.window_ms, predicted_ms, pass_ms)
+        self.metrics.queue_age.labels(lane=live[0].lane).set(pass_start - min(i.received for i in live))
         chunks = {}
         for item, vector in zip(live, vectors):
             if isinstance(item.event, QueryRequest):
@@ -274,13 +309,17 @@ class EmbedWorker(StagedWorkerLoop):
             self.metrics.observe_stage("queue_wait", lane, (start - received) * 1000)
 
     def _drop_expired(self, items: list[WorkItem], now: int) -> list[WorkItem]:
-        """Answer queries whose deadline passed before compute (``deadline_exceeded``); the rest stay live."""
+        """Answer before compute (``deadline_exceeded``) the queries that would miss their deadline: gone
+        already, or the pass's predicted compute ends after it (all of a pass finishes together)."""
+        pass_tokens = sum(item.tokens for item in items)
         live = []
         for item in items:
-            if isinstance(item.event, QueryRequest) and item.event.deadline_ms and item.event.deadline_ms < now:
-                self._reply_error(item.lane, item.record, item.event, item.handle, ErrorInfo(
-                    code="deadline_exceeded", message="the request's deadline passed before it was embedded"))
-                continue
+            if isinstance(item.event, QueryRequest):
+                deadline = item.deadline_ms or self.admission.deadlines.effective(item.event.deadline_ms, now)
+                reason = self.admission.late(deadline, now, pass_tokens - item.tokens, item.tokens)
+                if reason is not None:
+                    self._shed(item, reason)
+                    continue
             live.append(item)
         return live
 
@@ -310,6 +349,7 @@ class EmbedWorker(StagedWorkerLoop):
                         "total": (time.perf_counter() - item.received) * 1000},
         )
         self.lanes[item.lane].reply(item.record, item.event, reply, item.handle)
+        self.admission.observed_reply(reply.timings_ms["total"], item.event.sent_at_ms, now_ms())
         self.metrics.texts.labels(lane=item.lane, kind="query").inc()
 
     def _skip_unchanged(self, items: list[WorkItem], deleted_earlier: set[int]) -> list[WorkItem]:
