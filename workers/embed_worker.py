@@ -50,6 +50,7 @@ _MAX_POLL_RECORDS = {"online": 256, "bulk": 2048}
 # and the next waits; more only hold vectors in memory while the sink is slow (the lane queues, not
 # this one, bound what the worker has fetched).
 OUTPUT_QUEUE_BATCHES = 2
+_SKIP_WAIT_S = 2.0  # longest the model stage waits for a document's in-flight writes before an unchanged-chunk lookup
 _WAIT_S = 0.05  # longest a stage waits for work (or room) before it looks at stop and health again
 _ONLINE_POLL_MS = 10  # intake's wait for queries when a bulk lane shares the thread (a query waits at most this)
 # A poll's records are queued in slices: the model stage starts on the first slice while the rest
@@ -356,11 +357,20 @@ class EmbedWorker(StagedWorkerLoop):
         """Finish, without embedding, the chunks whose stored point already matches (one lookup per collection).
 
         A chunk that a delete earlier in the same batch may remove is never skipped, nor one whose
-        document still has writes on their way to the sink (the store is about to change under it)."""
+        document still has writes on their way to the sink (the store is about to change under it).
+        Those writes are waited for first (at most ``_SKIP_WAIT_S``: the output queue holds two
+        batches), so a redelivered document right behind its first delivery is still recognised."""
+        candidates = [i for i in items if isinstance(i.event, ChunkEvent) and id(i) not in deleted_earlier]
+        if not candidates:
+            return items
+        docs = {i.doc_key for i in candidates}
+        end = time.monotonic() + _SKIP_WAIT_S
         with self.writes:
+            while (not docs.isdisjoint(self.docs_in_flight) and not self._halt.is_set()
+                   and (left := end - time.monotonic()) > 0):
+                self.writes.wait(min(left, _WAIT_S))
             in_flight = set(self.docs_in_flight)
-        chunks = [i for i in items if isinstance(i.event, ChunkEvent) and id(i) not in deleted_earlier
-                  and i.doc_key not in in_flight]
+        chunks = [i for i in candidates if i.doc_key not in in_flight]
         if not chunks:
             return items
         try:
@@ -429,6 +439,7 @@ class EmbedWorker(StagedWorkerLoop):
                 for key in keys:
                     if self.docs_in_flight[key] <= 0:
                         del self.docs_in_flight[key]
+                self.writes.notify_all()
             self.metrics.stage_busy.labels(stage="output").inc(time.perf_counter() - started)
         self.progressed()
 
