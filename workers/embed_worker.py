@@ -86,6 +86,11 @@ class WriteJob:
     items: list[WorkItem]
     vectors: dict[int, object]  # id(item) -> vector, for the chunks that were embedded
 
+    @property
+    def doc_keys(self) -> list[tuple]:
+        """The documents this job writes (counted in and out of ``docs_in_flight``)."""
+        return [key for key in (item.doc_key for item in self.items) if key is not None]
+
 
 class WorkerOptions(WorkerSettings):
     """The worker knobs (``EMBEDSTREAM_WORKER__*``) plus what a deployment picks per process."""
@@ -404,7 +409,7 @@ class EmbedWorker(StagedWorkerLoop):
 
     def _hand_on(self, job: WriteJob) -> None:
         """Queue a job for the output stage, waiting while its queue is full (the backpressure)."""
-        keys = [key for key in (item.doc_key for item in job.items) if key is not None]
+        keys = job.doc_keys
         with self.writes:
             self.docs_in_flight.update(keys)
         stage = self.current_stage()
@@ -433,7 +438,7 @@ class EmbedWorker(StagedWorkerLoop):
         try:
             self.write(job)
         finally:
-            keys = [key for key in (item.doc_key for item in job.items) if key is not None]
+            keys = job.doc_keys
             with self.writes:
                 self.docs_in_flight.subtract(keys)
                 for key in keys:
