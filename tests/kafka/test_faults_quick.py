@@ -46,15 +46,7 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
     the commit (in production: a query answered or a record dead-lettered inside the online
     batching window, just before the poll that joins a rebalance).
     """
-    from embedstream.workers.runtime import build_embed_worker
-
-    settings = isolated_settings(kafka_bootstrap, "revoke")
-    ensure_topics(settings.kafka, partitions=2)
-    topic, group = settings.kafka.topic_chunks_bulk, settings.kafka.group_bulk
-    events = _chunk_events(40, "v")
-    _publish(settings, topic, [encode(e) for e in events])
-    store = memory_store()
-    worker = build_embed_worker(settings, ("bulk",), store=store, engine=minilm_engine)
+    settings, topic, group, events, store, worker = _bulk_backlog(kafka_bootstrap, minilm_engine, "revoke", "v")
     other = None
     progress = _GroupProgress(settings, topic, group)
     try:
@@ -109,15 +101,7 @@ def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(k
     """Eager rebalance: every partition is revoked (queued work dropped), then some come back to the same
     member. kafka-python keeps a returning partition's fetch position, so the lane rewinds it to its first
     unfinished record; without that the dropped records were never seen again."""
-    from embedstream.workers.runtime import build_embed_worker
-
-    settings = isolated_settings(kafka_bootstrap, "rewind")
-    ensure_topics(settings.kafka, partitions=2)
-    topic, group = settings.kafka.topic_chunks_bulk, settings.kafka.group_bulk
-    events = _chunk_events(40, "w")
-    _publish(settings, topic, [encode(e) for e in events])
-    store = memory_store()
-    worker = build_embed_worker(settings, ("bulk",), store=store, engine=minilm_engine)
+    settings, topic, group, events, store, worker = _bulk_backlog(kafka_bootstrap, minilm_engine, "rewind", "w")
     other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
     try:
         _queue_everything(worker, len(events))  # nothing processed or committed
@@ -132,3 +116,16 @@ def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(k
         assert {p.id for p in store.scroll("docs")} == {point_id(e.doc_id, e.chunk_id) for e in events}
     finally:
         worker.close()
+
+
+def _bulk_backlog(kafka_bootstrap, engine, name: str, tag: str):
+    """40 chunks on a 2-partition bulk topic and a bulk worker (not started) over a memory store."""
+    from embedstream.workers.runtime import build_embed_worker
+
+    settings = isolated_settings(kafka_bootstrap, name)
+    ensure_topics(settings.kafka, partitions=2)
+    topic, group = settings.kafka.topic_chunks_bulk, settings.kafka.group_bulk
+    events = _chunk_events(40, tag)
+    _publish(settings, topic, [encode(e) for e in events])
+    store = memory_store()
+    return settings, topic, group, events, store, build_embed_worker(settings, ("bulk",), store=store, engine=engine)
