@@ -180,7 +180,7 @@ class WorkerSettings(BaseModel):
         default=True, description="Answer deadline_exceeded at once to requests predicted to miss their deadline"
     )
     bulk_slice_tokens: int = Field(
-        default=1024, ge=1, description="Bulk batch cap while online traffic is recent (a query never waits long)"
+        default=512, ge=1, description="Bulk batch cap while online traffic is recent (a query never waits long)"
     )
     online_quiet_s: float = Field(default=1.0, ge=0, description="Online counts as recent this long after its last record")
     max_queue_tokens: int = Field(

@@ -194,7 +194,7 @@ class DocumentReplay:
             return
         chunked = self.chunker.chunk_many([d.text for d in documents])
         for document, chunks in zip(documents, chunked):
-            progress.chunks += self.publisher.publish_chunks(document, chunks, trim=True)
+            progress.chunks += self.publisher.publish_chunks(document, chunks, trim=True, ids=self.chunker.ids)
         progress.documents += len(documents)
 
     def _dead_letter(self, record, error: ErrorInfo) -> None:

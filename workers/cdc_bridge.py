@@ -20,7 +20,7 @@ from typing import Literal
 
 from embedstream import logs
 from embedstream.config import Settings
-from embedstream.producers.chunker import Chunker
+from embedstream.producers.chunker import Chunker, ChunkIds
 from embedstream.producers.debezium import CdcConfig, CdcError, Change, parse_change
 from embedstream.producers.publisher import ChunkPublisher
 from embedstream.producers.sources import Document
@@ -68,12 +68,14 @@ def truncate_error(change: Change) -> CdcError:
                                         "held (run with --on-truncate ignore to skip truncates)")
 
 
-def apply_change(publisher: ChunkPublisher, change: Change, chunks: list[str]) -> tuple[int, int]:
+def apply_change(publisher: ChunkPublisher, change: Change, chunks: list[str], ids: ChunkIds | None = None) -> tuple[int, int]:
     """Publish what applies one change, in the order it must be applied; returns (chunks, deletes) sent.
 
     c / r / u: the document goes to the documents log (the re-index source), its chunks to the lane,
     then a delete of the chunks past the new count. d / tombstone: a delete of every chunk and a
     tombstone in the documents log. An update that moved the row to another id deletes the old id first.
+    With ``ids`` (the model chunker's) the chunks carry their token ids, so the embed worker does not
+    tokenize them again.
     """
     assert change.doc_id is not None
     if change.is_delete:
@@ -84,7 +86,7 @@ def apply_change(publisher: ChunkPublisher, change: Change, chunks: list[str]) -
         publisher.delete_document(change.previous_doc_id)
         deletes += 1
     document = Document(change.doc_id, change.text or "", dict(change.metadata))
-    return publisher.publish_chunks(document, chunks, trim=True, record=True), deletes
+    return publisher.publish_chunks(document, chunks, trim=True, record=True, ids=ids), deletes
 
 
 class CdcBridge(WorkerLoop):
@@ -147,7 +149,7 @@ class CdcBridge(WorkerLoop):
         sent: list[tuple[int, int]] = []
 
         def send_all() -> None:
-            sent[:] = [apply_change(self.publisher, change, chunks) for _, _, change, chunks in plan]
+            sent[:] = [apply_change(self.publisher, change, chunks, self.chunker.ids) for _, _, change, chunks in plan]
             self.publisher.flush()
 
         reason = self.write_with_retry(send_all, "publishing chunk events", self.metrics.publish_failures.inc, limit_s)

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,9 @@ from embedstream.bench.pipeline_bench import _env, _LagProbe, _wait_ready
 from embedstream.config import Settings
 from embedstream.schemas.events import QueryReply, QueryRequest, now_ms
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest
+from embedstream.workers.admission import SHED_MESSAGES
+
+_SHED_REASONS = {message: reason for reason, message in SHED_MESSAGES.items()}
 
 #: policy name -> (EMBEDSTREAM_WORKER__ADMISSION_POLICY, EMBEDSTREAM_WORKER__BATCH_WINDOW_MS)
 POLICIES: dict[str, tuple[str, float]] = {
@@ -70,6 +74,7 @@ class Step:
     shed_reply_ms_p50: float | None = None  # how fast a shed request got its answer (client round trip)
     backlog_left: int | None = None
     in_target_pct: float = 0.0  # answered (not shed) within the target: the goodput a caller with that SLO sees
+    shed_reasons: dict[str, int] = field(default_factory=dict)  # workers/admission.py's reasons
 
     def sustained(self) -> bool:
         return self.sent > 0 and self.in_target_pct >= SUSTAINED_IN_TARGET
@@ -104,9 +109,10 @@ def cpu_line() -> str:
 # -- load generation ---------------------------------------------------------------------------------
 
 def open_loop(client, topic: str, make, reply_model, rate: float, duration_s: float, max_requests: int,
-              deadline_ms: float, seed: int) -> tuple[list[float], list[float], int, float]:
+              deadline_ms: float, seed: int) -> tuple[list[float], list[float], int, float, dict[str, int]]:
     """Send at Poisson times of mean ``rate``/s for ``duration_s`` (at most ``max_requests``); returns the round
-    trips (ms) of answered requests, those of shed ones, the failures, and the seconds the sending took."""
+    trips (ms) of answered requests, those of shed ones, the failures, the seconds the sending took, and the
+    shed requests per reason (read from the reply's message)."""
     rng = random.Random(seed)
     count = max(1, min(max_requests, int(rate * duration_s)))
     done: list[tuple[float, float, object]] = []
@@ -135,6 +141,7 @@ def open_loop(client, topic: str, make, reply_model, rate: float, duration_s: fl
         except Exception:  # noqa: BLE001 - counted below as a failure
             pass
     ok, shed, failed = [], [], 0
+    reasons: Counter[str] = Counter()
     for sent, got, future in done:
         exc = future.exception()
         reply = None if exc is not None else future.result()
@@ -144,10 +151,11 @@ def open_loop(client, topic: str, make, reply_model, rate: float, duration_s: fl
             ok.append((got - sent) * 1000)
         elif reply.error.code == "deadline_exceeded":
             shed.append((got - sent) * 1000)
+            reasons[_SHED_REASONS.get(reply.error.message, "other")] += 1
         else:
             failed += 1
     failed += count - len(done)
-    return ok, shed, failed, elapsed
+    return ok, shed, failed, elapsed, dict(reasons)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -156,12 +164,12 @@ def _pct(values: list[float], q: float) -> float:
 
 def _step(kind: str, policy: str, backlog: bool, rate: float, result, target_ms: float,
           bulk_cps: float | None = None, backlog_left: int | None = None) -> Step:
-    ok, shed, failed, elapsed = result
+    ok, shed, failed, elapsed, reasons = result
     sent = len(ok) + len(shed) + failed
     in_target = 100.0 * sum(1 for ms in ok if ms <= target_ms) / sent if sent else 0.0
     return Step(kind, policy, backlog, rate, sent, len(ok) / elapsed if elapsed else 0.0, _pct(ok, 50), _pct(ok, 95),
                 _pct(ok, 99), 100.0 * len(shed) / sent if sent else 0.0, len(shed), failed, bulk_cps,
-                _pct(shed, 50) if shed else None, backlog_left, in_target)
+                _pct(shed, 50) if shed else None, backlog_left, in_target, reasons)
 
 
 # -- workers -------------------------------------------------------------------------------------------
@@ -301,7 +309,8 @@ def _rerank_policy(settings: Settings, policy: str, rates: list[float], opts: di
 def _progress(step: Step) -> None:
     logs.console().print(f"  {step.kind} {step.policy:9s} {'backlog' if step.backlog else 'idle':7s} "
                          f"{step.offered_qps:6.1f} qps: p95 {step.p95:7.1f} ms, shed {step.shed_pct:5.1f}%, "
-                         f"failed {step.failed}", highlight=False)
+                         f"failed {step.failed}" + (f" {step.shed_reasons}" if step.shed_reasons else ""),
+                         highlight=False)
 
 
 def run(rates: list[float], rerank_rates: list[float], policies: list[str], port: int = 9092, step_s: float = 6.0,

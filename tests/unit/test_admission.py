@@ -220,3 +220,30 @@ def test_the_p95_is_the_callers_wait_when_the_send_time_is_known():
         for _ in range(3):
             c.observed_reply(8.0, sent_at_ms=sent, now_ms=now)
     assert c.latency.p95() == 8.0
+
+
+def test_requests_that_finished_later_than_predicted_widen_the_margin_of_the_next_decisions():
+    clock = Clock()
+    c = controller(target_ms=30, reply_allowance_ms=2, clock=clock)
+    trained(c)
+    now = 1_700_000_000_000
+    fits = c.predicted_finish(now, 0, 20)
+    assert now + 5 < fits < now + 8  # ~6 ms of compute
+    assert c.late(now + 20, now, tokens_ahead=0, tokens=20) is None  # 6 + 2 ms well inside 20
+    for _ in range(20):  # every admitted request finished 15 ms later than its prediction (cold core, GIL turns)
+        c.observed_finish(fits, fits + 15)
+    assert c.errors.margin() == pytest.approx(15)
+    assert c.late(now + 20, now, tokens_ahead=0, tokens=20) == PREDICTED_LATE  # 6 + 15 + 2 > 20
+    assert c.late(now + 30, now, tokens_ahead=0, tokens=20) is None  # 23 ms still fits 30
+    clock.now += 11  # the errors age out: back to the compute model alone
+    assert c.errors.margin() == 0.0 and c.late(now + 20, now, 0, 20) is None
+
+
+def test_the_margin_is_bounded_and_never_negative():
+    c = controller(target_ms=30)
+    for _ in range(10):
+        c.observed_finish(1000.0, 900.0)  # earlier than predicted
+    assert c.errors.margin() == 0.0
+    for _ in range(30):
+        c.observed_finish(1000.0, 5000.0)  # a stall: 4 s late
+    assert c.errors.margin() == 15.0  # at most half the target

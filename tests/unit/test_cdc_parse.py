@@ -151,8 +151,9 @@ class RecordingPublisher:
     def __init__(self):
         self.calls: list[tuple] = []
 
-    def publish_chunks(self, document, chunks, trim=True, record=False):
+    def publish_chunks(self, document, chunks, trim=True, record=False, ids=None):
         self.calls.append(("chunks", document.doc_id, document.text, document.metadata, list(chunks), trim, record))
+        self.ids = ids
         return len(chunks)
 
     def delete_document(self, doc_id):
@@ -169,6 +170,9 @@ def test_apply_change_publishes_in_the_order_the_index_needs():
     assert apply_change(pub, Change("d", "d2"), []) == (0, 1)
     assert apply_change(pub, Change("c", "d3", ""), []) == (0, 1)  # no text left: no chunks, the trim removes old ones
     assert pub.calls == [("delete", "d1"), ("delete", "d2"), ("chunks", "d3", "", {}, [], True, True)]
+    marker = object()
+    apply_change(pub, Change("c", "d4", "x"), ["x"], marker)
+    assert pub.ids is marker  # the model chunker's ids travel to the publisher: chunks carry their token ids
 
 
 def test_publisher_trims_and_records_for_the_bridge(kafka_free_publisher):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from embedstream.engine.batcher import BatchLimits
 from embedstream.workers.scheduler import Scheduler, WorkQueue
 
@@ -131,8 +133,43 @@ def test_bulk_tops_up_an_online_pass_only_within_the_target_and_pauses_when_over
     s = at_risk_scheduler(clock, 45.0)  # over the target
     bulk = queue(*(Item(f"b{i}", 10) for i in range(200)))
     batch = s.next_batch(queue(Item("q", 20)), bulk)
-    assert sum(i.tokens for i in batch) <= (0.8 * 30 - 2 - 3) / 0.16 + 1  # not topped up to 8,192 tokens
+    assert sum(i.tokens for i in batch) <= 20 + 0.1 * 30 / 0.16  # bulk adds at most 3 ms to the query's pass
     assert s.bulk_paused  # over the target even with shrunk slices: bulk consumption may pause
     clock.now += 10  # the latencies age out: slack again, bulk resumes
     s.next_batch(queue(), bulk)
     assert not s.bulk_paused
+
+
+def test_bulk_fills_an_online_pass_where_tokens_cost_almost_nothing_and_never_before_a_pass_is_seen():
+    from embedstream.workers.admission import AdmissionConfig, LaneController
+
+    clock = Clock()
+    online = LaneController("online", AdmissionConfig(target_ms=30), clock=clock)
+    s = Scheduler(BatchLimits(2048, 256), 1024, 1.0, clock, admission=online)
+    bulk = queue(*(Item(f"b{i}", 100) for i in range(100)))
+    assert names(s.next_batch(queue(Item("q", 20)), bulk)) == ["q"]  # cost unknown: the query runs alone
+    for tokens in (10, 100, 1000, 2000):  # GPU-like: 5 ms a pass, whatever it holds
+        online.model.observe(tokens, 5 + 0.0001 * tokens)
+    batch = s.next_batch(queue(Item("q", 20)), bulk)
+    assert sum(i.tokens for i in batch) == 2020  # filled to the token budget
+
+
+def test_marginal_tokens_follow_the_slope_not_the_fixed_cost():
+    from embedstream.workers.admission import ComputeModel
+
+    model = ComputeModel()
+    for tokens in (10, 100, 1000):
+        model.observe(tokens, 3 + 0.16 * tokens)
+    assert model.marginal_tokens_within(3.2) == pytest.approx(20, abs=1)
+    assert model.tokens_within(3.2) <= 1  # a whole pass of 3.2 ms holds almost nothing
+
+
+def test_a_pass_with_yield_points_may_be_larger_while_online_is_at_risk():
+    clock = Clock()
+    plain, yielding = at_risk_scheduler(clock, 28.0), at_risk_scheduler(clock, 28.0)
+    yielding.yield_points = 6
+    for s in (plain, yielding):
+        s.online_arrived()
+        s.next_batch(queue(Item("q", 20)), None)
+    assert plain.bulk_cap() < yielding.bulk_cap() <= 1024
+    assert yielding.bulk_cap() == min(1024, 6 * plain.bulk_cap())  # a query waits for one step, not the pass

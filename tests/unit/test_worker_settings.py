@@ -75,7 +75,7 @@ def test_environment_reaches_embed_and_rerank_options(worker_env):
 def test_defaults_match_the_measured_behaviour(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     options = WorkerOptions()
-    assert (options.batch_window_ms, options.bulk_slice_tokens, options.online_quiet_s) == (2.0, 1024, 1.0)
+    assert (options.batch_window_ms, options.bulk_slice_tokens, options.online_quiet_s) == (2.0, 512, 1.0)
     assert options.warm_up_tokens == 64 and options.skip_unchanged and options.lanes == ("online", "bulk")
 
 

@@ -16,6 +16,7 @@ from embedstream.engine.attention import varlen_attention
 from embedstream.engine.backends.bert import ROW_BLOCK
 from embedstream.engine.backends.linear import make_linear
 from embedstream.engine.packed import PackedBatch
+from embedstream.engine.yield_points import checkpoint
 
 SUPPORTED_MODEL_TYPES = {"qwen3", "qwen2", "llama", "mistral"}
 HEAD_READS = "last"  # sequence-classification heads read the last token (the one that saw everything)
@@ -116,8 +117,10 @@ class PackedDecoder:
             dtype = v.dtype  # bf16 under mixed precision, where the norms and rotary ran in float32
             ctx = varlen_attention(q.to(dtype), k.to(dtype), v, batch, causal=True)
             layer.o.add_into(x, ctx.reshape(total, q_size))
+            checkpoint()
             for start in range(0, total, ROW_BLOCK):  # the MLP per block of rows: activations stay in cache
                 rows = x[start : start + ROW_BLOCK]
                 gate, up = layer.gate_up(layer.norm2(rows)).split(self.intermediate, dim=-1)
                 layer.down.add_into(rows, F.silu(gate) * up)  # residual added in the GEMM
+                checkpoint()
         return self.final_norm(x)
