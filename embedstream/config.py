@@ -174,7 +174,8 @@ class WorkerSettings(BaseModel):
         default=60000.0, gt=0, description="A request's deadline is capped to this long after it is seen"
     )
     reply_allowance_ms: float = Field(
-        default=2.0, ge=0, description="Time kept for the reply's trip when judging whether a request can meet its deadline"
+        default=4.0, ge=0, description="Time kept for the reply's trip when judging whether a request can meet its deadline "
+                                       "(measured on loopback, kafka-python: p50 3.5 ms idle, 5.8 ms under a bulk backlog)"
     )
     shed_predicted: bool = Field(
         default=True, description="Answer deadline_exceeded at once to requests predicted to miss their deadline"

@@ -367,7 +367,7 @@ class EmbedWorker(StagedWorkerLoop):
         for item in items:
             if isinstance(item.event, QueryRequest):
                 deadline = item.deadline_ms or self.admission.deadlines.effective(item.event.deadline_ms, now)
-                reason = self.admission.late(deadline, now, pass_tokens - item.tokens, item.tokens)
+                reason = self.admission.late(deadline, now, pass_tokens - item.tokens, item.tokens, queued=False)
                 if reason is not None:
                     self._shed(item, reason)
                     continue

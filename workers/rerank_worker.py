@@ -70,6 +70,7 @@ class _Item(Taken):
     candidates: list[Candidate] = field(default_factory=list)
     received: float = field(default_factory=time.perf_counter)
     deadline_ms: int = 0  # effective deadline (epoch ms): the request's, defaulted and capped
+    predicted_finish_ms: float = 0.0  # when admission expected it answered (its error calibrates later ones)
 
     @property
     def searches(self) -> int:
@@ -187,17 +188,23 @@ class RerankWorker(WorkerLoop):
         if reason is None:
             item.deadline_ms = controller.deadlines.effective(item.request.deadline_ms, now)
             queue = self.lane.queue
-            reason = self._late(item, now, queue.tokens, sum(queued.searches for queued in queue))
+            searches_ahead = sum(queued.searches for queued in queue)
+            reason = self._late(item, now, queue.tokens, searches_ahead)
+            item.predicted_finish_ms = self.admission[LANE_RERANK].predicted_finish(
+                now, queue.tokens, item.pairs, self.options.max_pairs_per_pass, self._retrieve_ms(item, searches_ahead))
         if reason is None:
             return True
         self._shed(item, reason)
         return False
 
-    def _late(self, item: _Item, now: int, pairs_ahead: int, searches_ahead: int) -> str | None:
+    def _late(self, item: _Item, now: int, pairs_ahead: int, searches_ahead: int, queued: bool = True) -> str | None:
         """Why ``item`` would miss its deadline behind that much work (pairs pass + searches' retrieval), or None."""
-        retrieve_ms = self.admission[LANE_SEARCH].model.predict(1) * (searches_ahead + item.searches)
         return self.admission[LANE_RERANK].late(item.deadline_ms, now, pairs_ahead, item.pairs,
-                                                self.options.max_pairs_per_pass, extra_ms=retrieve_ms)
+                                                self.options.max_pairs_per_pass,
+                                                extra_ms=self._retrieve_ms(item, searches_ahead), queued=queued)
+
+    def _retrieve_ms(self, item: _Item, searches_ahead: int) -> float:
+        return self.admission[LANE_SEARCH].model.predict(1) * (searches_ahead + item.searches)
 
     def _shed(self, item: _Item, reason: str) -> None:
         waited = (time.perf_counter() - item.received) * 1000
@@ -244,7 +251,7 @@ class RerankWorker(WorkerLoop):
         self.metrics.queue_age.labels(lane=batch[0].lane).set(start - batch[0].received)
         for item in batch:  # nothing that would miss its deadline is computed
             self.metrics.observe_stage("queue_wait", item.lane, (start - item.received) * 1000)
-            reason = self._late(item, now, pairs_ahead, searches_ahead)
+            reason = self._late(item, now, pairs_ahead, searches_ahead, queued=False)
             if reason is not None:
                 self._shed(item, reason)
                 continue
@@ -315,8 +322,10 @@ class RerankWorker(WorkerLoop):
             else:
                 self._answer_search(item, retrieved[pos], results[pos] if item.request.rerank else None, start,
                                     rerank_ms)
+            replied = now_ms()
             self.admission[item.lane].observed_reply((time.perf_counter() - item.received) * 1000,
-                                                     item.request.sent_at_ms, now_ms())
+                                                     item.request.sent_at_ms, replied)
+            self.admission[LANE_RERANK].observed_finish(item.predicted_finish_ms, replied)
             self.metrics.observe_stage("reply", item.lane, (time.perf_counter() - reply_start) * 1000)
 
     def _answer_rerank(self, item: _Item, results: dict[int, ScoreResult], start: float, timings: StageTimings,

@@ -235,6 +235,8 @@ def test_requests_that_finished_later_than_predicted_widen_the_margin_of_the_nex
     assert c.errors.margin() == pytest.approx(15)
     assert c.late(now + 20, now, tokens_ahead=0, tokens=20) == PREDICTED_LATE  # 6 + 15 + 2 > 20
     assert c.late(now + 30, now, tokens_ahead=0, tokens=20) is None  # 23 ms still fits 30
+    # just before its own pass only the pass's compute is left: the queueing margin is not counted again
+    assert c.late(now + 20, now, tokens_ahead=0, tokens=20, queued=False) is None
     clock.now += 11  # the errors age out: back to the compute model alone
     assert c.errors.margin() == 0.0 and c.late(now + 20, now, 0, 20) is None
 
