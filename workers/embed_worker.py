@@ -128,6 +128,7 @@ class EmbedWorker(StagedWorkerLoop):
         self.scheduler.yield_points = max(1, self.yield_points)
         self._served_between_s = 0.0  # time the current bulk pass spent serving online work at its checkpoints
         self._online_computing = False
+        self._pass_wait_until = 0.0  # perf_counter until which a query arriving now waits for the running pass
         both = {"online", "bulk"} <= set(self.options.lanes)
         self.online_first = OnlineFirst(self._online_pending) if both else None  # bulk host work steps aside
         self.last_commit = 0.0
@@ -226,15 +227,16 @@ class EmbedWorker(StagedWorkerLoop):
         """The items to queue; a query whose deadline is gone, or that cannot finish by it behind the tokens
         queued ahead of it, is answered ``deadline_exceeded`` at once instead (``workers/admission.py``)."""
         now, ahead, admitted = now_ms(), lane.queue.tokens, []
+        running = max(0.0, (self._pass_wait_until - time.perf_counter()) * 1000)
         for item in items:
             if isinstance(item.event, QueryRequest):
                 reason = self.admission.refuse_on_arrival(item.event.deadline_ms, now)
                 if reason is None:
                     item.deadline_ms = self.admission.deadlines.effective(item.event.deadline_ms, now)
                     reason = self.admission.late(item.deadline_ms, now, ahead, item.tokens,
-                                                 self.engine.limits.max_batch_tokens)
-                    item.predicted_finish_ms = self.admission.predicted_finish(now, ahead, item.tokens,
-                                                                               self.engine.limits.max_batch_tokens)
+                                                 self.engine.limits.max_batch_tokens, running_ms=running)
+                    item.predicted_finish_ms = self.admission.predicted_finish(
+                        now, ahead, item.tokens, self.engine.limits.max_batch_tokens, running)
                 if reason is not None:
                     self._shed(item, reason)
                     continue
@@ -243,12 +245,16 @@ class EmbedWorker(StagedWorkerLoop):
         return admitted
 
     def _shed(self, item: WorkItem, reason: str) -> None:
+        waited = (time.perf_counter() - item.received) * 1000
         self._reply_error(item.lane, item.record, item.event, item.handle,
-                          ErrorInfo(code="deadline_exceeded", message=SHED_MESSAGES[reason]))
+                          ErrorInfo(code="deadline_exceeded", message=SHED_MESSAGES[reason]),
+                          {"queue_wait": waited, "total": waited})
         self.metrics.shed.labels(lane=item.lane, reason=reason).inc()
 
-    def _reply_error(self, lane: str, record, request: QueryRequest, handle, info: ErrorInfo) -> None:
-        reply = QueryReply(request_id=request.request_id, model=self.engine.spec.name, error=info)
+    def _reply_error(self, lane: str, record, request: QueryRequest, handle, info: ErrorInfo,
+                     timings: dict | None = None) -> None:
+        reply = QueryReply(request_id=request.request_id, model=self.engine.spec.name, error=info,
+                           timings_ms=timings or {})
         self.lanes[lane].reply(record, request, reply, handle)
         self.metrics.errors.labels(lane=lane, code=info.code).inc()
 
@@ -302,6 +308,10 @@ class EmbedWorker(StagedWorkerLoop):
         timings = StageTimings()
         predicted_ms = self.admission.model.predict(sum(i.tokens for i in live))
         preemptible = self.yield_points > 0 and live[0].lane == "bulk"
+        # How long a query arriving now waits for this pass: all of it, or one step where it yields
+        # (two points per layer: after attention, after the MLP).
+        wait_ms = predicted_ms / (2 * self.yield_points) if preemptible else predicted_ms
+        self._pass_wait_until = time.perf_counter() + wait_ms / 1000
         if preemptible:
             self._served_between_s = 0.0
         self._online_computing = live[0].lane == "online"
@@ -312,6 +322,7 @@ class EmbedWorker(StagedWorkerLoop):
         except Exception as exc:  # noqa: BLE001 - a failed pass fails its records, never the worker
             self._online_computing = False
             return self._forward_failed(batch, live, exc)
+        self._pass_wait_until = 0.0
         served_ms = self._served_between_s * 1000 if preemptible else 0.0
         timings.forward_ms = max(0.0, timings.forward_ms - served_ms)  # this pass's own time
         self.metrics.observe_batch(live[0].lane, timings, len(live))

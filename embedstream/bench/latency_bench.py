@@ -75,6 +75,7 @@ class Step:
     backlog_left: int | None = None
     in_target_pct: float = 0.0  # answered (not shed) within the target: the goodput a caller with that SLO sees
     shed_reasons: dict[str, int] = field(default_factory=dict)  # workers/admission.py's reasons
+    shed_in_worker_ms_p95: float | None = None  # from arrival in the worker to the refusal (the reply's timings)
 
     def sustained(self) -> bool:
         return self.sent > 0 and self.in_target_pct >= SUSTAINED_IN_TARGET
@@ -102,8 +103,10 @@ def cpu_line() -> str:
                 break
     except OSError:
         pass
+    from embedstream.bench.engine_bench import cpu_summary
+
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"{model or 'unknown CPU'}, {os.cpu_count()} logical CPUs, load average {load}"
+    return f"{model or 'unknown CPU'} ({cpu_summary()}), {os.cpu_count()} logical CPUs, load average {load}"
 
 
 # -- load generation ---------------------------------------------------------------------------------
@@ -141,6 +144,7 @@ def open_loop(client, topic: str, make, reply_model, rate: float, duration_s: fl
         except Exception:  # noqa: BLE001 - counted below as a failure
             pass
     ok, shed, failed = [], [], 0
+    shed_in_worker: list[float] = []
     reasons: Counter[str] = Counter()
     for sent, got, future in done:
         exc = future.exception()
@@ -152,10 +156,12 @@ def open_loop(client, topic: str, make, reply_model, rate: float, duration_s: fl
         elif reply.error.code == "deadline_exceeded":
             shed.append((got - sent) * 1000)
             reasons[_SHED_REASONS.get(reply.error.message, "other")] += 1
+            if "total" in reply.timings_ms:
+                shed_in_worker.append(reply.timings_ms["total"])
         else:
             failed += 1
     failed += count - len(done)
-    return ok, shed, failed, elapsed, dict(reasons)
+    return ok, shed, failed, elapsed, dict(reasons), shed_in_worker
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -164,12 +170,13 @@ def _pct(values: list[float], q: float) -> float:
 
 def _step(kind: str, policy: str, backlog: bool, rate: float, result, target_ms: float,
           bulk_cps: float | None = None, backlog_left: int | None = None) -> Step:
-    ok, shed, failed, elapsed, reasons = result
+    ok, shed, failed, elapsed, reasons, shed_in_worker = result
     sent = len(ok) + len(shed) + failed
     in_target = 100.0 * sum(1 for ms in ok if ms <= target_ms) / sent if sent else 0.0
     return Step(kind, policy, backlog, rate, sent, len(ok) / elapsed if elapsed else 0.0, _pct(ok, 50), _pct(ok, 95),
                 _pct(ok, 99), 100.0 * len(shed) / sent if sent else 0.0, len(shed), failed, bulk_cps,
-                _pct(shed, 50) if shed else None, backlog_left, in_target, reasons)
+                _pct(shed, 50) if shed else None, backlog_left, in_target, reasons,
+                _pct(shed_in_worker, 95) if shed_in_worker else None)
 
 
 # -- workers -------------------------------------------------------------------------------------------
@@ -404,14 +411,16 @@ def print_table(result: LatencyBenchResult) -> None:
                         f"deadline {result.deadline_ms:g} ms; CPU: {result.cpu}")
     for name, justify in (("lane", "left"), ("policy", "left"), ("backlog", "left"), ("offered QPS", "right"),
                           ("achieved QPS", "right"), ("p50 ms", "right"), ("p95 ms", "right"), ("p99 ms", "right"),
-                          ("shed %", "right"), ("shed reply p50 ms", "right"), ("failed", "right"),
+                          ("shed %", "right"), ("shed reply p50 ms", "right"), ("shed in worker p95 ms", "right"),
+                          ("failed", "right"),
                           ("in target %", "right"),
                           ("bulk chunks/s", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for s in result.steps:
         table.add_row(s.kind, s.policy, "yes" if s.backlog else "no", f"{s.offered_qps:g}", f"{s.achieved_qps:.1f}",
                       f"{s.p50:.1f}", f"{s.p95:.1f}", f"{s.p99:.1f}", f"{s.shed_pct:.1f}",
-                      "" if s.shed_reply_ms_p50 is None else f"{s.shed_reply_ms_p50:.1f}", str(s.failed),
+                      "" if s.shed_reply_ms_p50 is None else f"{s.shed_reply_ms_p50:.1f}",
+                      "" if s.shed_in_worker_ms_p95 is None else f"{s.shed_in_worker_ms_p95:.2f}", str(s.failed),
                       f"{s.in_target_pct:.0f}",
                       "" if s.bulk_chunks_per_s is None else f"{s.bulk_chunks_per_s:.1f}"
                       + (" (drained)" if s.backlog_left == 0 else ""))

@@ -233,12 +233,14 @@ def test_requests_that_finished_later_than_predicted_widen_the_margin_of_the_nex
     for _ in range(20):  # every admitted request finished 15 ms later than its prediction (cold core, GIL turns)
         c.observed_finish(fits, fits + 15)
     assert c.errors.margin() == pytest.approx(15)
-    assert c.late(now + 20, now, tokens_ahead=0, tokens=20) == PREDICTED_LATE  # 6 + 15 + 2 > 20
-    assert c.late(now + 30, now, tokens_ahead=0, tokens=20) is None  # 23 ms still fits 30
+    assert c.late(now + 20, now, tokens_ahead=20, tokens=20) == PREDICTED_LATE  # 9.4 + 15 + 2 > 20
+    assert c.late(now + 30, now, tokens_ahead=20, tokens=20) is None  # 26.4 ms still fits 30
+    # nothing queued ahead: it delays nobody, judged on its own compute
+    assert c.late(now + 20, now, tokens_ahead=0, tokens=20) is None
     # just before its own pass only the pass's compute is left: the queueing margin is not counted again
-    assert c.late(now + 20, now, tokens_ahead=0, tokens=20, queued=False) is None
+    assert c.late(now + 20, now, tokens_ahead=20, tokens=20, queued=False) is None
     clock.now += 11  # the errors age out: back to the compute model alone
-    assert c.errors.margin() == 0.0 and c.late(now + 20, now, 0, 20) is None
+    assert c.errors.margin() == 0.0 and c.late(now + 20, now, 20, 20) is None
 
 
 def test_the_margin_is_bounded_and_never_negative():
@@ -249,3 +251,12 @@ def test_the_margin_is_bounded_and_never_negative():
     for _ in range(30):
         c.observed_finish(1000.0, 5000.0)  # a stall: 4 s late
     assert c.errors.margin() == 15.0  # at most half the target
+
+
+def test_the_pass_already_running_counts_as_work_ahead():
+    c = controller(target_ms=30, reply_allowance_ms=2)
+    trained(c)
+    now = 1_700_000_000_000
+    assert c.late(now + 20, now, tokens_ahead=0, tokens=20) is None  # ~6 + 2 ms: fits
+    assert c.late(now + 20, now, tokens_ahead=0, tokens=20, running_ms=15) == PREDICTED_LATE  # 15 more ms first
+    assert c.predicted_finish(now, 0, 20, None, 15) == pytest.approx(c.predicted_finish(now, 0, 20) + 15)
