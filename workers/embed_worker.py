@@ -142,9 +142,17 @@ class EmbedWorker(StagedWorkerLoop):
         topics = {"online": [kafka.topic_chunks_online, kafka.topic_queries], "bulk": [kafka.topic_chunks_bulk]}
         groups = {"online": kafka.group_online, "bulk": kafka.group_bulk}
         for lane in self.options.lanes:
-            self.add_lane(lane, topics[lane], groups[lane], _MAX_POLL_RECORDS[lane],
-                          full=lambda q: q.tokens >= self.options.max_queue_tokens, queue=SyncQueue(self.queued),
-                          on_revoke=self._finish_writes_of)
+            self.add_lane(lane, topics[lane], groups[lane], _MAX_POLL_RECORDS[lane], full=self._full_check(lane),
+                          queue=SyncQueue(self.queued), on_revoke=self._finish_writes_of)
+
+    def _full_check(self, lane: str):
+        """When a lane's partitions pause: its queue at ``max_queue_tokens``; the bulk lane's also while the
+        scheduler says online is over its target even with shrunk slices (``bulk_paused``): no bulk is
+        fetched or decoded then, what is queued still drains."""
+        limit = self.options.max_queue_tokens
+        if lane == "bulk":
+            return lambda q: q.tokens >= limit or self.scheduler.update_pause()
+        return lambda q: q.tokens >= limit
 
     # -- intake ---------------------------------------------------------------------------------
     def intake(self, name: str, timeout_ms: int) -> int:

@@ -80,6 +80,7 @@ class Scheduler:
     """Online first; bulk fills what is left; bulk sliced while online traffic is recent, smaller while at risk."""
 
     TOP_UP_SHARE = 0.1  # of the online target: the most bulk top-up may add to an online pass
+    PAUSE_MAX_S = 2.0  # longest bulk pause, and the least time between two
 
     def __init__(self, limits: BatchLimits, bulk_slice_tokens: int, online_quiet_s: float,
                  clock: Callable[[], float] = time.monotonic, admission: LaneController | None = None,
@@ -92,6 +93,7 @@ class Scheduler:
         self.min_slice_tokens = min(min_slice_tokens, bulk_slice_tokens)
         self.yield_points = 1  # checkpoints per pass where online work may run (engine/yield_points.py)
         self.bulk_paused = False  # read by the intake: pause the bulk partitions while set
+        self._paused_at = self._resumed_at = -1e9
         self._last_online: float | None = None
         self._online_tokens = 0.0  # smoothed tokens of an online request (what a bulk slice must leave room for)
 
@@ -109,7 +111,7 @@ class Scheduler:
             if item.tokens:
                 self._online_tokens = item.tokens if not self._online_tokens else 0.9 * self._online_tokens + 0.1 * item.tokens
         if bulk is not None:
-            self._update_pause()
+            self.update_pause()
             used = sum(item.tokens for item in batch)
             if batch:
                 cap = self.limits.max_batch_tokens if self.admission is None else self._top_up_cap(used)
@@ -139,14 +141,27 @@ class Scheduler:
         extra = self.admission.model.marginal_tokens_within(self.TOP_UP_SHARE * self.admission.config.target_ms)
         return min(self.limits.max_batch_tokens, used + extra)
 
-    def _update_pause(self) -> None:
+    def update_pause(self) -> bool:
+        """Raise or clear ``bulk_paused`` from the online p95 now (also called by the bulk lane before each
+        poll: with nothing queued no batch is formed, and a pause must still end once online is calm).
+
+        Raised while the p95 is over the target even with shrunk slices; cleared once it is under
+        ``NEAR`` x the target, or after ``PAUSE_MAX_S``, and not raised again for as long: the trip
+        through Kafka alone can hold a p95 near the target, and bulk must still progress then."""
         if self.admission is None:
-            return
+            return self.bulk_paused
+        now = self.clock()
         p95 = self.admission.latency.p95()
-        if p95 is not None and p95 > self.admission.config.target_ms and self.bulk_cap() < self.bulk_slice_tokens:
+        target = self.admission.config.target_ms
+        if self.bulk_paused:
+            if p95 is None or p95 < self.admission.NEAR * target or now - self._paused_at >= self.PAUSE_MAX_S:
+                self.bulk_paused = False
+                self._resumed_at = now
+        elif (p95 is not None and p95 > target and self.bulk_cap() < self.bulk_slice_tokens
+              and now - self._resumed_at >= self.PAUSE_MAX_S):
             self.bulk_paused = True
-        elif self.admission.slack():
-            self.bulk_paused = False
+            self._paused_at = now
+        return self.bulk_paused
 
     def _take(self, queue: WorkQueue, used_tokens: int, used_requests: int, max_tokens: int) -> list:
         if not queue:

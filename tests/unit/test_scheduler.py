@@ -136,7 +136,7 @@ def test_bulk_tops_up_an_online_pass_only_within_the_target_and_pauses_when_over
     assert sum(i.tokens for i in batch) <= 20 + 0.1 * 30 / 0.16  # bulk adds at most 3 ms to the query's pass
     assert s.bulk_paused  # over the target even with shrunk slices: bulk consumption may pause
     clock.now += 10  # the latencies age out: slack again, bulk resumes
-    s.next_batch(queue(), bulk)
+    assert not s.update_pause()  # without any batch formed (nothing queued): the bulk lane asks before each poll
     assert not s.bulk_paused
 
 
@@ -173,3 +173,25 @@ def test_a_pass_with_yield_points_may_be_larger_while_online_is_at_risk():
         s.next_batch(queue(Item("q", 20)), None)
     assert plain.bulk_cap() < yielding.bulk_cap() <= 1024
     assert yielding.bulk_cap() == min(1024, 6 * plain.bulk_cap())  # a query waits for one step, not the pass
+
+
+def test_a_bulk_pause_ends_after_its_bound_even_while_online_stays_over_target_and_bulk_then_runs_a_while():
+    clock = Clock()
+    s = at_risk_scheduler(clock, 45.0)
+    assert s.update_pause()
+    clock.now += 1.0
+    for _ in range(5):
+        s.admission.observed_latency(45.0)
+    assert s.update_pause()  # still over the target: still paused
+    clock.now += 1.1
+    for _ in range(5):
+        s.admission.observed_latency(45.0)
+    assert not s.update_pause()  # 2 s is the longest pause
+    clock.now += 1.0
+    for _ in range(5):
+        s.admission.observed_latency(45.0)
+    assert not s.update_pause()  # and bulk runs at least as long before the next
+    clock.now += 1.1
+    for _ in range(5):
+        s.admission.observed_latency(45.0)
+    assert s.update_pause()
