@@ -19,8 +19,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from contextlib import nullcontext
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from pydantic import Field
@@ -123,13 +123,13 @@ class EmbedWorker(StagedWorkerLoop):
         self.window = BatchingWindow.from_settings(self.options, "online")
         self.admission = self.window.controller  # online lane: window, compute prediction, shedding (issue #16)
         self.scheduler.admission = self.admission  # bulk slices shrink while online is at risk
+        both = {"online", "bulk"} <= set(self.options.lanes)
         # A bulk pass on the CPU lets queued queries run between its layers (engine/yield_points.py).
-        self.yield_points = _yield_points(engine) if {"online", "bulk"} <= set(self.options.lanes) else 0
+        self.yield_points = _yield_points(engine) if both else 0
         self.scheduler.yield_points = max(1, self.yield_points)
         self._served_between_s = 0.0  # time the current bulk pass spent serving online work at its checkpoints
         self._online_computing = False
         self._pass_wait_until = 0.0  # perf_counter until which a query arriving now waits for the running pass
-        both = {"online", "bulk"} <= set(self.options.lanes)
         self.online_first = OnlineFirst(self._online_pending) if both else None  # bulk host work steps aside
         self.last_commit = 0.0
         self.policy = TrustPolicy.from_settings(settings)
@@ -640,8 +640,9 @@ class EmbedWorker(StagedWorkerLoop):
 
 
 def _yield_points(engine: Engine) -> int:
-    """Checkpoints a pass of this engine offers (one per layer on the packed CPU paths; none on a GPU,
-    where the pass is queued on the device at once, nor on the padded fallback)."""
+    """The layers whose checkpoints a pass of this engine offers (two per layer on the packed CPU paths:
+    after attention and after each MLP tile); 0 on a GPU, where the pass is queued on the device at
+    once, and on the padded fallback, which has none."""
     runner = engine.runner
     if runner.device.type != "cpu" or not runner.path.startswith("packed"):
         return 0

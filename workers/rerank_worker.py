@@ -274,8 +274,8 @@ class RerankWorker(WorkerLoop):
                 self.admission[LANE_SEARCH].observed_pass(1, t.get("embed", 0.0) + t.get("search", 0.0))
                 self.metrics.observe_stage("embed", item.lane, t.get("embed", 0.0))
                 self.metrics.observe_stage("search", item.lane, t.get("search", 0.0))
-        served = [pos for pos, item in enumerate(live)
-                  if isinstance(item.request, RerankRequest) or pos in retrieved]
+        served = self._still_in_time([pos for pos, item in enumerate(live)
+                                      if isinstance(item.request, RerankRequest) or pos in retrieved], live)
         pairs: list[ScoreRequest] = []
         for pos in served:
             item = live[pos]
@@ -327,6 +327,23 @@ class RerankWorker(WorkerLoop):
                                                      item.request.sent_at_ms, replied)
             self.admission[LANE_RERANK].observed_finish(item.predicted_finish_ms, replied)
             self.metrics.observe_stage("reply", item.lane, (time.perf_counter() - reply_start) * 1000)
+
+    def _still_in_time(self, served: list[int], live: list[_Item]) -> list[int]:
+        """Checked again just before scoring (retrieval and a busy host take time between the first check and
+        the pass: a CI run scored one request after its deadline): what would miss its deadline now is shed."""
+        now, pairs_ahead, kept = now_ms(), 0, []
+        rerank = self.admission[LANE_RERANK]
+        for pos in served:
+            item = live[pos]
+            pairs = item.pairs
+            reason = rerank.late(item.deadline_ms, now, pairs_ahead, pairs, self.options.max_pairs_per_pass,
+                                 queued=False) if pairs and item.deadline_ms else None
+            if reason is not None:
+                self._shed(item, reason)
+                continue
+            pairs_ahead += pairs
+            kept.append(pos)
+        return kept
 
     def _answer_rerank(self, item: _Item, results: dict[int, ScoreResult], start: float, timings: StageTimings,
                        rerank_ms: float) -> None:
