@@ -499,10 +499,12 @@ class EmbedWorker(StagedWorkerLoop):
         except queue.Empty:
             self.metrics.stage_idle.labels(stage="output").inc(time.perf_counter() - waited)
             return
+        held = 0.0
         if self.online_first is not None and job.items and job.items[0].lane == "bulk":
-            self.online_first.hold()  # a query's pass and reply go first
+            held = self.online_first.hold()  # a query's pass and reply go first
+            self.metrics.stage_blocked.labels(stage="output").inc(held)
         started = time.perf_counter()
-        self.metrics.stage_idle.labels(stage="output").inc(started - waited)
+        self.metrics.stage_idle.labels(stage="output").inc(started - waited - held)
         try:
             self.write(job)
         finally:

@@ -23,7 +23,7 @@ class OnlineFirst:
         self.pending = pending
         self.max_hold_s = max_hold_s
         self.clock = clock
-        self.held_s = 0.0  # total, for the metrics
+        self.held_s = 0.0  # in total
 
     def hold(self, wait: Callable[[float], object] = time.sleep, step_s: float = 0.0005) -> float:
         """Wait in steps of ``step_s`` (``wait`` may do useful work meanwhile, e.g. fetch online records);

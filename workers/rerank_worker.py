@@ -197,11 +197,13 @@ class RerankWorker(WorkerLoop):
         self._shed(item, reason)
         return False
 
-    def _late(self, item: _Item, now: int, pairs_ahead: int, searches_ahead: int, queued: bool = True) -> str | None:
-        """Why ``item`` would miss its deadline behind that much work (pairs pass + searches' retrieval), or None."""
+    def _late(self, item: _Item, now: int, pairs_ahead: int, searches_ahead: int, queued: bool = True,
+              retrieval_left: bool = True) -> str | None:
+        """Why ``item`` would miss its deadline behind that much work (pairs pass + searches' retrieval, unless
+        it is done), or None."""
+        extra_ms = self._retrieve_ms(item, searches_ahead) if retrieval_left else 0.0
         return self.admission[LANE_RERANK].late(item.deadline_ms, now, pairs_ahead, item.pairs,
-                                                self.options.max_pairs_per_pass,
-                                                extra_ms=self._retrieve_ms(item, searches_ahead), queued=queued)
+                                                self.options.max_pairs_per_pass, extra_ms=extra_ms, queued=queued)
 
     def _retrieve_ms(self, item: _Item, searches_ahead: int) -> float:
         return self.admission[LANE_SEARCH].model.predict(1) * (searches_ahead + item.searches)
@@ -245,18 +247,10 @@ class RerankWorker(WorkerLoop):
     # -- processing ------------------------------------------------------------------------------
     def _process(self, batch: list[_Item]) -> None:
         start = time.perf_counter()
-        now = now_ms()
-        live: list[_Item] = []
-        pairs_ahead = searches_ahead = 0
         self.metrics.queue_age.labels(lane=batch[0].lane).set(start - batch[0].received)
-        for item in batch:  # nothing that would miss its deadline is computed
+        for item in batch:
             self.metrics.observe_stage("queue_wait", item.lane, (start - item.received) * 1000)
-            reason = self._late(item, now, pairs_ahead, searches_ahead, queued=False)
-            if reason is not None:
-                self._shed(item, reason)
-                continue
-            pairs_ahead, searches_ahead = pairs_ahead + item.pairs, searches_ahead + item.searches
-            live.append(item)
+        live = self._in_time(batch, retrieval_left=True)  # nothing that would miss its deadline is computed
         # Searches first retrieve (embed + Qdrant), then join the shared rerank pass.
         retrieved: dict[int, Retrieved] = {}
         for pos, item in enumerate(live):
@@ -274,8 +268,11 @@ class RerankWorker(WorkerLoop):
                 self.admission[LANE_SEARCH].observed_pass(1, t.get("embed", 0.0) + t.get("search", 0.0))
                 self.metrics.observe_stage("embed", item.lane, t.get("embed", 0.0))
                 self.metrics.observe_stage("search", item.lane, t.get("search", 0.0))
-        served = self._still_in_time([pos for pos, item in enumerate(live)
-                                      if isinstance(item.request, RerankRequest) or pos in retrieved], live)
+        ready = [pos for pos, item in enumerate(live) if isinstance(item.request, RerankRequest) or pos in retrieved]
+        # Checked again just before scoring: retrieval and a busy host take time since the first check (a CI
+        # run scored one request after its deadline); what has nothing left to score is answered as it is.
+        still = {id(item) for item in self._in_time([live[pos] for pos in ready if live[pos].pairs], False)}
+        served = [pos for pos in ready if not live[pos].pairs or id(live[pos]) in still]
         pairs: list[ScoreRequest] = []
         for pos in served:
             item = live[pos]
@@ -328,21 +325,17 @@ class RerankWorker(WorkerLoop):
             self.admission[LANE_RERANK].observed_finish(item.predicted_finish_ms, replied)
             self.metrics.observe_stage("reply", item.lane, (time.perf_counter() - reply_start) * 1000)
 
-    def _still_in_time(self, served: list[int], live: list[_Item]) -> list[int]:
-        """Checked again just before scoring (retrieval and a busy host take time between the first check and
-        the pass: a CI run scored one request after its deadline): what would miss its deadline now is shed."""
-        now, pairs_ahead, kept = now_ms(), 0, []
-        rerank = self.admission[LANE_RERANK]
-        for pos in served:
-            item = live[pos]
-            pairs = item.pairs
-            reason = rerank.late(item.deadline_ms, now, pairs_ahead, pairs, self.options.max_pairs_per_pass,
-                                 queued=False) if pairs and item.deadline_ms else None
+    def _in_time(self, items: list[_Item], retrieval_left: bool) -> list[_Item]:
+        """The items that can still meet their deadlines in a pass starting now, in order (the pairs, and the
+        retrievals still to do, of those before each count as work ahead); the others are shed."""
+        now, pairs_ahead, searches_ahead, kept = now_ms(), 0, 0, []
+        for item in items:
+            reason = self._late(item, now, pairs_ahead, searches_ahead, queued=False, retrieval_left=retrieval_left)
             if reason is not None:
                 self._shed(item, reason)
                 continue
-            pairs_ahead += pairs
-            kept.append(pos)
+            pairs_ahead, searches_ahead = pairs_ahead + item.pairs, searches_ahead + item.searches
+            kept.append(item)
         return kept
 
     def _answer_rerank(self, item: _Item, results: dict[int, ScoreResult], start: float, timings: StageTimings,

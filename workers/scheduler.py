@@ -12,9 +12,10 @@ The policy, in the spirit of text-embeddings-inference's transport-free queue:
   slice shrinks to what the compute model says still fits before a query inside the p95 target
   (at least ``min_slice_tokens``), bulk tops an online batch up only with the tokens whose marginal
   cost stays within ``TOP_UP_SHARE`` of the target (on this CPU a 96-token chunk added 12-15 ms to a
-  4 ms query: it never rides along; on a GPU, where a pass's cost is mostly fixed, bulk fills it), and ``bulk_paused`` is raised while the online p95 is over its target even with
-  shrunk slices (the intake may pause the bulk partitions on it; it is cleared once the p95 has
-  slack again). Measured here: a 1,024-token bulk slice is a 170 ms pass, a query 6 ms.
+  4 ms query: it never rides along; on a GPU, where a pass's cost is mostly fixed, bulk fills it), and
+  ``bulk_paused`` is raised while the online p95 is over its target even with shrunk slices (the bulk
+  lane pauses its partitions on it; see ``update_pause`` for when it ends). Measured here: a
+  1,024-token bulk slice is a 170 ms pass, a query 6 ms.
 
 Items are anything with a ``tokens`` count; the queues know nothing of consumers or offsets.
 """
