@@ -4,6 +4,11 @@ Replies are read without a consumer group: the client assigns itself every parti
 topic and starts at the end, so it sees every reply produced after it started (no rebalance
 pauses, no committed offsets) and keeps the ones whose request_id it is waiting for. Any number of
 clients can share one reply topic.
+
+The Kafka clients are librdkafka's (confluent-kafka): its I/O runs in native threads, off the GIL.
+A loopback request-reply through an echo served by kafka-python took 4.2 ms p50 / 5.3 ms p95 with
+this client against 8.3 / 11.0 ms with kafka-python's (``embedstream bench transport``), and an
+online query's whole budget is 30 ms.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+import logging
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from embedstream import logs
@@ -26,10 +33,12 @@ from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
 
 log = logs.get("embedstream.query_client")
+_LIBRDKAFKA_LOG = logging.getLogger("embedstream.librdkafka")  # librdkafka's own lines, not stderr
 
 R = TypeVar("R", bound=BaseModel)
 
-_POLL_TIMEOUT_MS = 100
+_POLL_TIMEOUT_S = 0.1
+_DRAIN_BATCH = 500
 _EXPIRY_GRACE_S = 1.0
 
 
@@ -87,52 +96,61 @@ class QueryClient:
         check_kafka_access(settings, timeout_s=start_timeout_s)  # no broker: KafkaAccessError now, not a 30 s bootstrap
         self._consumer = self._start_consumer(create_reply_topic, partitions, start_timeout_s)
         try:
-            self._producer = KafkaProducer(
-                **settings.client_kwargs(),
-                client_id="embedstream-query-client",
-                acks=1,  # a lost request only costs a timeout; waiting for replicas costs every request
-                enable_idempotence=False,
-                linger_ms=0,
-                max_block_ms=int(send_block_s * 1000),  # bounds a send() stuck on metadata (missing topic)
-            )
+            self._producer = Producer(settings.librdkafka_config(
+                **{"client.id": "embedstream-query-client",
+                   "acks": 1,  # a lost request only costs a timeout; waiting for replicas costs every request
+                   "linger.ms": 0,
+                   # a request the broker has not taken within this (missing topic, broker away) fails
+                   "message.timeout.ms": int(send_block_s * 1000),
+                   "logger": _LIBRDKAFKA_LOG}))
         except BaseException:
             self._consumer.close()
             raise
         self._reader = threading.Thread(target=self._read_replies, name=f"reply-reader:{self.reply_topic}", daemon=True)
         self._reader.start()
 
-    def _start_consumer(self, create: bool, partitions: int, timeout_s: float) -> KafkaConsumer:
-        """Assign all reply partitions and resolve their end offsets now, before any request can be sent."""
-        consumer = KafkaConsumer(
-            **self.settings.client_kwargs(),
-            client_id="embedstream-query-client",
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
-        )
+    def _start_consumer(self, create: bool, partitions: int, timeout_s: float) -> Consumer:
+        """Assign all reply partitions at their end offsets, resolved now, before any request can be sent.
+
+        librdkafka needs a ``group.id`` even for assigned partitions; it is never joined nor committed to."""
+        consumer = Consumer(self.settings.librdkafka_config(
+            **{"client.id": "embedstream-query-client", "group.id": f"embedstream-query-client-{uuid.uuid4().hex}",
+               "enable.auto.commit": False, "enable.auto.offset.store": False,
+               "fetch.wait.max.ms": self.settings.fetch_max_wait_ms, "logger": _LIBRDKAFKA_LOG}))
         try:
-            ids = consumer.partitions_for_topic(self.reply_topic)
+            ids = self._partition_ids(consumer, timeout_s)
             if not ids and create:
                 ensure_topics(self.settings, partitions, topics=[self.reply_topic])
                 deadline = time.monotonic() + timeout_s
                 while not ids and time.monotonic() < deadline:
                     time.sleep(0.05)
-                    ids = consumer.partitions_for_topic(self.reply_topic)
+                    ids = self._partition_ids(consumer, timeout_s)
             if not ids:
                 raise RuntimeError(
                     f"reply topic {self.reply_topic!r} does not exist on {self.settings.bootstrap_servers} "
                     f"(create it, e.g. with embedstream.producers.topics.ensure_topics)"
                 )
-            assigned = [TopicPartition(self.reply_topic, p) for p in sorted(ids)]
+            assigned = []
+            for partition in ids:
+                try:
+                    _low, high = consumer.get_watermark_offsets(TopicPartition(self.reply_topic, partition),
+                                                                timeout=timeout_s)
+                except KafkaException as exc:
+                    raise RuntimeError(f"could not resolve the end offset of {self.reply_topic}[{partition}] "
+                                       f"within {timeout_s:g} s: {exc}") from None
+                assigned.append(TopicPartition(self.reply_topic, partition, high))
             consumer.assign(assigned)
-            consumer.seek_to_end()
-            for tp in assigned:  # seek_to_end is lazy; position() blocks until the offset is known
-                if consumer.position(tp, timeout_ms=int(timeout_s * 1000)) is None:
-                    raise RuntimeError(f"could not resolve the end offset of {tp.topic}[{tp.partition}] within {timeout_s:g} s")
         except BaseException:
             consumer.close()
             raise
         return consumer
+
+    def _partition_ids(self, consumer: Consumer, timeout_s: float) -> list[int]:
+        """The reply topic's partitions, or [] while the broker does not know the topic."""
+        topic = consumer.list_topics(self.reply_topic, timeout=timeout_s).topics.get(self.reply_topic)
+        if topic is None or topic.error is not None:
+            return []
+        return sorted(topic.partitions)
 
     # ------------------------------------------------------------------ requests
 
@@ -209,18 +227,23 @@ class QueryClient:
             if request_id in self._pending:
                 raise ValueError(f"request {request_id} is already in flight")
             self._pending[request_id] = _Pending(reply_model, future, time.monotonic() + timeout_s + _EXPIRY_GRACE_S)
+        def delivered(error, _message) -> None:  # runs on the reply reader (it polls the producer)
+            if error is not None:
+                self._on_send_failure(request_id, topic, error.str())
+
         try:
-            send = self._producer.send(topic, key=request_id.encode("utf-8"), value=encode(payload))
-        except BaseException:
+            self._producer.produce(topic, key=request_id.encode("utf-8"), value=encode(payload), on_delivery=delivered)
+        except BaseException as exc:
             self._forget(request_id)
+            if isinstance(exc, KafkaException):
+                raise RuntimeError(f"sending request {request_id} to {topic!r} failed: {exc.args[0].str()}") from None
             raise
-        send.add_errback(self._on_send_failure, request_id, topic)
         return future
 
-    def _on_send_failure(self, request_id: str, topic: str, exc: BaseException) -> None:
+    def _on_send_failure(self, request_id: str, topic: str, reason: str) -> None:
         pending = self._forget(request_id)
         if pending is not None:
-            _settle(pending.future, RuntimeError(f"sending request {request_id} to {topic!r} failed: {exc}"))
+            _settle(pending.future, RuntimeError(f"sending request {request_id} to {topic!r} failed: {reason}"))
 
     def _forget(self, request_id: str) -> _Pending | None:
         with self._lock:
@@ -240,7 +263,7 @@ class QueryClient:
         """Load the producer's metadata for ``topics`` now: the first send to a topic otherwise blocks on it
         (up to ``send_block_s``), which an asyncio caller sending on its event loop must never do."""
         for topic in topics:
-            self._producer.partitions_for(topic)
+            self._producer.list_topics(topic, timeout=10.0)
 
     def healthy(self) -> bool:
         """Open, and its reply reader still running (a dead reader fails every request)."""
@@ -252,10 +275,14 @@ class QueryClient:
         next_sweep = time.monotonic() + _EXPIRY_GRACE_S
         try:
             while not self._closed.is_set():
-                batches = self._consumer.poll(timeout_ms=_POLL_TIMEOUT_MS)
-                for records in batches.values():
-                    for record in records:
-                        self._deliver(record.value)
+                first = self._consumer.poll(_POLL_TIMEOUT_S)
+                if first is not None:  # then what else is already fetched, without waiting
+                    for message in [first, *self._consumer.consume(_DRAIN_BATCH, 0)]:
+                        if message.error() is None:
+                            self._deliver(message.value())
+                        elif message.error().fatal():
+                            raise KafkaException(message.error())
+                self._producer.poll(0)  # delivery reports: a failed send fails its request now
                 if time.monotonic() >= next_sweep:
                     self._expire()
                     next_sweep = time.monotonic() + _EXPIRY_GRACE_S
@@ -314,7 +341,7 @@ class QueryClient:
         self._reader.join(timeout=timeout_s)
         self._fail_pending()
         try:
-            self._producer.close(timeout=timeout_s)
+            self._producer.flush(timeout_s)
         finally:
             self._consumer.close()
 

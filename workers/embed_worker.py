@@ -143,7 +143,7 @@ class EmbedWorker(StagedWorkerLoop):
         groups = {"online": kafka.group_online, "bulk": kafka.group_bulk}
         for lane in self.options.lanes:
             self.add_lane(lane, topics[lane], groups[lane], _MAX_POLL_RECORDS[lane], full=self._full_check(lane),
-                          queue=SyncQueue(self.queued), on_revoke=self._finish_writes_of)
+                          queue=SyncQueue(self.queued), on_revoke=self._finish_writes_of, online=lane == "online")
 
     def _full_check(self, lane: str):
         """When a lane's partitions pause: its queue at ``max_queue_tokens``; the bulk lane's also while the

@@ -27,6 +27,7 @@ from embedstream.workers.kafka_io import (broker_listening, broker_reachable, co
                                           group_joined, missing_topics, new_consumer, subscribe)
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.outbox import Outbox
+from embedstream.workers.rd_consumer import RdConsumer
 from embedstream.workers.scheduler import WorkQueue
 
 log = logs.get("embedstream.worker")
@@ -96,7 +97,7 @@ class Lane:
     def __init__(self, name: str, kafka: KafkaSettings, topics: list[str], group: str, outbox: Outbox, *,
                  worker_id: str, max_poll_records: int, full: Callable[[WorkQueue], bool] = lambda _q: False,
                  flush_timeout_s: float = 30.0, join_timeout_s: float = 30.0, queue: WorkQueue | None = None,
-                 on_revoke: Callable[[set], None] | None = None, **consumer_extra):
+                 on_revoke: Callable[[set], None] | None = None, librdkafka: bool = False, **consumer_extra):
         self.name = name
         self.topics = topics
         self.outbox = outbox
@@ -109,8 +110,9 @@ class Lane:
         self.join_timeout_s = join_timeout_s
         self.kafka = kafka
         self.bootstrap_servers = kafka.bootstrap_servers
-        self._new_consumer = lambda: new_consumer(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records,
-                                                  **consumer_extra)
+        make = RdConsumer if librdkafka else new_consumer  # librdkafka: the online lanes (latency)
+        self._new_consumer = lambda: make(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records,
+                                          **consumer_extra)
         self.consumer = self._new_consumer()
         self.subscribed_at: float | None = None  # subscribing waits until every topic exists (see poll)
         self._lost_since: float | None = None

@@ -55,11 +55,13 @@ class WorkerLoop:
         self.last_step = self.last_progress = time.monotonic()  # /healthz: liveness is progress
 
     def add_lane(self, name: str, topics: list[str], group: str, max_poll_records: int,
-                 full: Callable = lambda _q: False, **consumer_extra) -> Lane:
+                 full: Callable = lambda _q: False, online: bool = False, **consumer_extra) -> Lane:
+        """``online``: a latency lane, consumed with ``kafka.online_client``."""
         check_kafka_access(self.kafka, self.tuning.access_check_timeout_s, topics=topics)
         lane = Lane(name, self.kafka, topics, group, self.outbox, worker_id=self.worker_id,
                     max_poll_records=max_poll_records, full=full, flush_timeout_s=self.tuning.flush_timeout_s,
-                    join_timeout_s=self.tuning.join_timeout_s, **consumer_extra)
+                    join_timeout_s=self.tuning.join_timeout_s,
+                    librdkafka=online and self.kafka.online_client == "librdkafka", **consumer_extra)
         self.lanes[name] = lane
         return lane
 

@@ -84,6 +84,10 @@ class WorkerMetrics:
 
     def lag(self, lane: str, consumer) -> int:
         """Consumer lag from the client's own fetch metadata (no extra broker round trip); returns it."""
+        if hasattr(consumer, "lag"):  # RdConsumer (librdkafka) keeps its own
+            total = consumer.lag()
+            self.consumer_lag.labels(lane=lane).set(total)
+            return total
         total = 0
         for tp in consumer.assignment():
             highwater = consumer.highwater(tp)

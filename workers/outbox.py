@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
+
+from confluent_kafka import KafkaException
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.schemas import DeadLetter, ErrorInfo
 from embedstream.schemas.codec import encode
-from embedstream.workers.kafka_io import new_producer
+from embedstream.workers.kafka_io import MAX_REQUEST_BYTES, new_producer
 from embedstream.workers.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
@@ -44,9 +47,8 @@ class Outbox:
         self.worker_id = worker_id
         self.metrics = metrics
         self.producer = producer if producer is not None else new_producer(kafka)
-        max_request = int(self.producer.config.get("max_request_size", 1024 * 1024))
         # JSON escaping or base64 can grow a value by a third; keep the letter under the request limit
-        self.max_raw_bytes = max(1024, (max_request - _ENVELOPE_MARGIN_BYTES) * 3 // 4)
+        self.max_raw_bytes = max(1024, (MAX_REQUEST_BYTES - _ENVELOPE_MARGIN_BYTES) * 3 // 4)
         self._undelivered: list[tuple[object, ErrorInfo, list, str]] = []
         self._lock = threading.Lock()
 
@@ -57,10 +59,17 @@ class Outbox:
             error = ErrorInfo(code=error.code, message=error.message + note)
         letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, raw,
                                         error, worker=self.worker_id)
-        future = self.producer.send(self.kafka.topic_dead_letters, key=record.key, value=encode(letter))
-        future.add_callback(lambda _meta: OffsetTracker.done(handle))
-        future.add_errback(lambda exc: log.error("dead letter not written", error=str(exc)[:300],
-                                                 topic=record.topic, partition=record.partition, offset=record.offset))
+        def delivered(error, _message) -> None:
+            if error is None:
+                OffsetTracker.done(handle)
+            else:  # the offset stays uncommitted: the record comes again after a restart
+                log.error("dead letter not written", error=error.str()[:300], topic=record.topic,
+                          partition=record.partition, offset=record.offset)
+
+        try:
+            self._produce(self.kafka.topic_dead_letters, record.key, encode(letter), delivered)
+        except KafkaException as exc:
+            delivered(exc.args[0], None)
         self.metrics.dead_letters.labels(lane=lane, code=error.code).inc()
         log.warning("dead-lettered", topic=record.topic, partition=record.partition, offset=record.offset,
                     code=error.code, reason=error.message[:500])
@@ -70,18 +79,31 @@ class Outbox:
 
         A reply the client or the broker refuses is dead-lettered (``reply_failed``) at the next
         ``settle``; the request's offset stays uncommitted until then."""
-        try:
-            future = self.producer.send(request.reply_to, key=request.request_id.encode(), value=encode(reply))
-        except Exception as exc:  # noqa: BLE001 - invalid topic name, value too large, ...: the record's fault
-            self._refused(record, request, exc, handle, lane)
-            return
-        future.add_callback(lambda _meta: OffsetTracker.done(handle))
-        future.add_errback(lambda exc: self._refused(record, request, exc, handle, lane))
+        def delivered(error, _message) -> None:
+            if error is None:
+                OffsetTracker.done(handle)
+            else:
+                self._refused(record, request, error.str(), handle, lane)
 
-    def _refused(self, record, request, exc: BaseException, handle: list, lane: str) -> None:
+        try:
+            self._produce(request.reply_to, request.request_id.encode(), encode(reply), delivered)
+        except (KafkaException, ValueError, TypeError) as exc:  # value too large, bad topic name: the record's fault
+            self._refused(record, request, f"{type(exc).__name__}: {exc}", handle, lane)
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes, on_delivery) -> None:
+        """Queue a record; while librdkafka's local queue is full, serve delivery reports until it has room."""
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                self.producer.poll(0)  # serve reports of earlier sends (and librdkafka's log lines)
+                return
+            except BufferError:
+                self.producer.poll(0.1)
+
+    def _refused(self, record, request, reason_text: str, handle: list, lane: str) -> None:
         reason = ErrorInfo(code="reply_failed", message=f"the reply to {request.reply_to[:300]!r} could not be "
-                                                        f"delivered: {type(exc).__name__}: {str(exc)[:300]}")
-        with self._lock:  # errbacks run on the producer's IO thread: dead-letter from the loop's thread
+                                                        f"delivered: {reason_text[:300]}")
+        with self._lock:  # reports run on whichever thread polls: dead-letter from the settling thread
             self._undelivered.append((record, reason, handle, lane))
 
     def settle(self, timeout_s: float) -> None:
@@ -95,10 +117,11 @@ class Outbox:
             self._flush(timeout_s)
 
     def _flush(self, timeout_s: float) -> None:
-        try:
-            self.producer.flush(timeout=timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a producer that cannot flush leaves those records uncommitted
-            log.error("dead letters or replies not acknowledged; committing only finished work", error=str(exc)[:300])
+        started = time.monotonic()
+        left = self.producer.flush(timeout_s)
+        if left:  # those records stay uncommitted until acknowledged
+            log.error("dead letters or replies not acknowledged; committing only finished work", unacknowledged=left,
+                      waited_s=round(time.monotonic() - started, 1))
 
     def close(self) -> None:
-        self.producer.close()
+        self._flush(10.0)

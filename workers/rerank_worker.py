@@ -113,7 +113,7 @@ class RerankWorker(WorkerLoop):
         self.window = BatchingWindow(controller=self.admission[LANE_RERANK])  # the pass is shared: one window
         self.policy = TrustPolicy.from_settings(settings)
         self.lane = self.add_lane(LANE_RERANK, [self.kafka.topic_rerank, self.kafka.topic_search], self.kafka.group_rerank,
-                                  64, full=lambda queue: len(queue) >= self.options.max_queue_requests)
+                                  64, full=lambda queue: len(queue) >= self.options.max_queue_requests, online=True)
 
     # -- intake ---------------------------------------------------------------------------------
     def intake(self, timeout_ms: int) -> int:

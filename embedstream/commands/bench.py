@@ -183,3 +183,18 @@ def bench_host(
     logs.configure(level="WARNING")
     host_bench.print_table(host_bench.run(chunks, minilm_chunks, tuple(processes), port, tuple(model),
                                           timeout_s=timeout))
+
+
+@app.command("transport")
+def bench_transport(
+    count: int = typer.Option(200, help="Timed round trips per client pair (after 30 untimed)"),
+    gap_ms: float = typer.Option(20.0, help="Pause between requests (one at a time, as an online lane's traffic)"),
+    port: BrokerPort = BROKER_PORT,
+) -> None:
+    """One request-reply round trip through the broker, kafka-python vs librdkafka on each side."""
+    from embedstream.bench import transport_bench
+
+    if count < 1 or gap_ms < 0:
+        raise typer.BadParameter("count must be at least 1 and gap-ms not negative")
+    logs.configure(level="WARNING")
+    transport_bench.print_table(transport_bench.run(port, count, gap_ms))
