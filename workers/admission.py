@@ -38,10 +38,14 @@ POLICIES = ("aimd", "deadline", "fixed")
 DEADLINE_PAST = "deadline_past"  # the request arrived with its deadline already gone
 EXPIRED_IN_QUEUE = "expired_in_queue"  # the deadline passed while it queued
 PREDICTED_LATE = "predicted_late"  # it cannot finish in time given the work ahead and the predicted compute
+LATE_AT_PASS = "late_at_pass"  # admitted, but at its turn its own pass's predicted compute ends after the deadline
+#: Refused on arrival (answered at once) vs refused later, after queueing (``bench latency`` reports them apart).
+ON_ARRIVAL = (DEADLINE_PAST, PREDICTED_LATE)
 SHED_MESSAGES = {
     DEADLINE_PAST: "the request's deadline had passed when it arrived",
     EXPIRED_IN_QUEUE: "the request's deadline passed before it was served",
     PREDICTED_LATE: "the request cannot be served by its deadline (work queued ahead of it and the predicted compute)",
+    LATE_AT_PASS: "the request could not be served by its deadline once its turn came (its pass's predicted compute)",
 }
 
 
@@ -366,8 +370,9 @@ class LaneController:
         # 99.8% here: a loaded intake made every trip in look too slow for the margin).
         margin = self.errors.margin() if queued and (tokens_ahead > 0 or running_ms > 0) else 0.0
         if finish + margin + self.config.reply_allowance_ms > deadline_ms:
-            self._count_shed(PREDICTED_LATE)
-            return PREDICTED_LATE
+            reason = PREDICTED_LATE if queued else LATE_AT_PASS
+            self._count_shed(reason)
+            return reason
         return None
 
     def predicted_finish(self, now_ms: int, tokens_ahead: int, tokens: int, max_pass_tokens: int | None = None,

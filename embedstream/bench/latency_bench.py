@@ -42,7 +42,7 @@ from embedstream.bench.pipeline_bench import _env, _LagProbe, _wait_ready
 from embedstream.config import Settings
 from embedstream.schemas.events import QueryReply, QueryRequest, now_ms
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest
-from embedstream.workers.admission import SHED_MESSAGES
+from embedstream.workers.admission import ON_ARRIVAL, SHED_MESSAGES
 
 _SHED_REASONS = {message: reason for reason, message in SHED_MESSAGES.items()}
 
@@ -75,7 +75,8 @@ class Step:
     backlog_left: int | None = None
     in_target_pct: float = 0.0  # answered (not shed) within the target: the goodput a caller with that SLO sees
     shed_reasons: dict[str, int] = field(default_factory=dict)  # workers/admission.py's reasons
-    shed_in_worker_ms_p95: float | None = None  # from arrival in the worker to the refusal (the reply's timings)
+    shed_in_worker_ms_p95: float | None = None  # refused on arrival: from arrival in the worker to the refusal
+    expired_in_worker_ms_p95: float | None = None  # refused later, at its turn (expired or late at its pass)
 
     def sustained(self) -> bool:
         return self.sent > 0 and self.in_target_pct >= SUSTAINED_IN_TARGET
@@ -144,7 +145,7 @@ def open_loop(client, topic: str, make, reply_model, rate: float, duration_s: fl
         except Exception:  # noqa: BLE001 - counted below as a failure
             pass
     ok, shed, failed = [], [], 0
-    shed_in_worker: list[float] = []
+    shed_in_worker: dict[bool, list[float]] = {True: [], False: []}  # refused on arrival or not: their times
     reasons: Counter[str] = Counter()
     for sent, got, future in done:
         exc = future.exception()
@@ -155,9 +156,10 @@ def open_loop(client, topic: str, make, reply_model, rate: float, duration_s: fl
             ok.append((got - sent) * 1000)
         elif reply.error.code == "deadline_exceeded":
             shed.append((got - sent) * 1000)
-            reasons[_SHED_REASONS.get(reply.error.message, "other")] += 1
+            reason = _SHED_REASONS.get(reply.error.message, "other")
+            reasons[reason] += 1
             if "total" in reply.timings_ms:
-                shed_in_worker.append(reply.timings_ms["total"])
+                shed_in_worker[reason in ON_ARRIVAL].append(reply.timings_ms["total"])
         else:
             failed += 1
     failed += count - len(done)
@@ -176,7 +178,8 @@ def _step(kind: str, policy: str, backlog: bool, rate: float, result, target_ms:
     return Step(kind, policy, backlog, rate, sent, len(ok) / elapsed if elapsed else 0.0, _pct(ok, 50), _pct(ok, 95),
                 _pct(ok, 99), 100.0 * len(shed) / sent if sent else 0.0, len(shed), failed, bulk_cps,
                 _pct(shed, 50) if shed else None, backlog_left, in_target, reasons,
-                _pct(shed_in_worker, 95) if shed_in_worker else None)
+                _pct(shed_in_worker[True], 95) if shed_in_worker[True] else None,
+                _pct(shed_in_worker[False], 95) if shed_in_worker[False] else None)
 
 
 # -- workers -------------------------------------------------------------------------------------------
@@ -358,7 +361,10 @@ def run(rates: list[float], rerank_rates: list[float], policies: list[str], port
     result.table = os.path.join(out_dir, f"latency-{stamp}.json")
     result.png = os.path.join(out_dir, f"latency-{stamp}.png")
     Path(result.table).write_text(json.dumps(asdict(result), indent=1))
-    plot(result, result.png)
+    try:
+        plot(result, result.png)
+    except ImportError as exc:  # matplotlib is an optional extra: the table still prints
+        result.png = f"none ({exc}; pip install 'embedstream[bench]' for it)"
     if not keep_logs:
         shutil.rmtree(work_dir, ignore_errors=True)
     return result
@@ -421,7 +427,8 @@ def print_table(result: LatencyBenchResult) -> None:
                         f"deadline {result.deadline_ms:g} ms; CPU: {result.cpu}")
     for name, justify in (("lane", "left"), ("policy", "left"), ("backlog", "left"), ("offered QPS", "right"),
                           ("achieved QPS", "right"), ("p50 ms", "right"), ("p95 ms", "right"), ("p99 ms", "right"),
-                          ("shed %", "right"), ("shed reply p50 ms", "right"), ("shed in worker p95 ms", "right"),
+                          ("shed %", "right"), ("shed reply p50 ms", "right"),
+                          ("refused on arrival: in worker p95 ms", "right"), ("refused at its turn: in worker p95 ms", "right"),
                           ("failed", "right"),
                           ("in target %", "right"),
                           ("bulk chunks/s", "right")):
@@ -430,7 +437,8 @@ def print_table(result: LatencyBenchResult) -> None:
         table.add_row(s.kind, s.policy, "yes" if s.backlog else "no", f"{s.offered_qps:g}", f"{s.achieved_qps:.1f}",
                       f"{s.p50:.1f}", f"{s.p95:.1f}", f"{s.p99:.1f}", f"{s.shed_pct:.1f}",
                       "" if s.shed_reply_ms_p50 is None else f"{s.shed_reply_ms_p50:.1f}",
-                      "" if s.shed_in_worker_ms_p95 is None else f"{s.shed_in_worker_ms_p95:.2f}", str(s.failed),
+                      "" if s.shed_in_worker_ms_p95 is None else f"{s.shed_in_worker_ms_p95:.2f}",
+                      "" if s.expired_in_worker_ms_p95 is None else f"{s.expired_in_worker_ms_p95:.2f}", str(s.failed),
                       f"{s.in_target_pct:.0f}",
                       "" if s.bulk_chunks_per_s is None else f"{s.bulk_chunks_per_s:.1f}"
                       + (" (drained)" if s.backlog_left == 0 else ""))

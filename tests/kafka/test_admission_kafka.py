@@ -78,7 +78,7 @@ def test_twice_the_sustainable_rate_sheds_the_excess_before_compute(kafka_bootst
     for when, ids in engine.calls:  # nothing was computed once its deadline had passed
         late = [i for i in ids if i in deadlines and when >= deadlines[i]]
         assert not late, late
-    reasons = ("deadline_past", "expired_in_queue", "predicted_late")
+    reasons = ("deadline_past", "expired_in_queue", "predicted_late", "late_at_pass")
     counted = {r: sample("embedstream_shed_total", {"lane": "online", "reason": r}) or 0 for r in reasons}
     assert sum(counted.values()) == len(shed) + 1 and counted["deadline_past"] >= 1  # + the past one
     print(f"forward {service_s * 1000:.1f} ms, budget {budget_ms} ms, {len(replies)} sent, {len(shed)} shed ({counted})")

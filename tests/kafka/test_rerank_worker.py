@@ -238,7 +238,7 @@ def test_overload_sheds_the_excess_before_compute(kafka_bootstrap, ce_engine):
         late = [q for q in queries if q in sent and when >= sent[q][0]]
         assert not late, late
     counted = sum(sample("embedstream_shed_total", {"lane": "rerank", "reason": r}) or 0
-                  for r in ("deadline_past", "expired_in_queue", "predicted_late"))
+                  for r in ("deadline_past", "expired_in_queue", "predicted_late", "late_at_pass"))
     assert counted == len(shed)
     shed_ms = sorted(rep.timings_ms.get("total", 0.0) for _, rep in replies if rep.error is not None)
     print(f"service {service_s * 1000:.1f} ms, budget {budget_ms} ms, {len(replies)} sent, {len(shed)} shed, "

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from embedstream.config import Settings, WorkerSettings
-from embedstream.workers.admission import (DEADLINE_PAST, EXPIRED_IN_QUEUE, PREDICTED_LATE, AdmissionConfig,
+from embedstream.workers.admission import (DEADLINE_PAST, EXPIRED_IN_QUEUE, LATE_AT_PASS, ON_ARRIVAL, PREDICTED_LATE,
+                                          AdmissionConfig,
                                            ComputeModel, Deadlines, LaneController)
 
 
@@ -158,7 +159,10 @@ def test_a_request_that_cannot_finish_in_time_is_shed_before_compute():
     assert c.late(now + 30, now, tokens_ahead=0, tokens=20) is None  # ~6 ms of work: fits
     assert c.late(now + 30, now, tokens_ahead=400, tokens=20) == PREDICTED_LATE  # ~70 ms queued ahead of it
     assert c.late(now - 1, now, 0, 20) == EXPIRED_IN_QUEUE
-    assert c.shed == {PREDICTED_LATE: 1, EXPIRED_IN_QUEUE: 1}
+    # at its turn (no longer queued) the same verdict has its own reason: it was not answered at once
+    assert c.late(now + 5, now, tokens_ahead=400, tokens=20, queued=False) == LATE_AT_PASS
+    assert c.shed == {PREDICTED_LATE: 1, EXPIRED_IN_QUEUE: 1, LATE_AT_PASS: 1}
+    assert PREDICTED_LATE in ON_ARRIVAL and LATE_AT_PASS not in ON_ARRIVAL and EXPIRED_IN_QUEUE not in ON_ARRIVAL
 
 
 def test_fixed_policy_does_not_shed_on_predictions():
