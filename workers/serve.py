@@ -8,6 +8,7 @@ log says why), instead of a silent exit 0.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 from embedstream import logs
@@ -31,6 +32,7 @@ def run_until_signalled(worker: WorkerLoop, metrics_port: int | None, host: str 
                        host=host or worker.tuning.health_host, stalled=worker.stalled)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
+    sys.setswitchinterval(worker.tuning.gil_switch_interval_ms / 1000)
     frozen = freeze_startup_objects()  # the model is loaded: no full GC walks it mid-request
     log.info("startup objects frozen for the garbage collector", objects=frozen)
     thread.start()

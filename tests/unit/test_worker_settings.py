@@ -36,6 +36,7 @@ ENV = {
     "EMBEDSTREAM_WORKER__MAX_REQUEST_AGE_MS": "30000",
     "EMBEDSTREAM_WORKER__REPLY_ALLOWANCE_MS": "1.5",
     "EMBEDSTREAM_WORKER__SHED_PREDICTED": "false",
+    "EMBEDSTREAM_WORKER__GIL_SWITCH_INTERVAL_MS": "2",
 }
 EXPECTED = {
     "batch_window_ms": 7.5, "bulk_slice_tokens": 512, "online_quiet_s": 0.25, "max_queue_tokens": 4096,
@@ -44,7 +45,7 @@ EXPECTED = {
     "max_pairs_per_pass": 128, "health_host": "0.0.0.0", "stall_timeout_s": 90.0, "join_timeout_s": 45.0,
     "access_check_timeout_s": 5.0, "latency_target_ms": 25.0, "rerank_latency_target_ms": 250.0,
     "admission_policy": "deadline", "max_window_ms": 6.0, "default_deadline_ms": 3000.0, "max_request_age_ms": 30000.0,
-    "reply_allowance_ms": 1.5, "shed_predicted": False,
+    "reply_allowance_ms": 1.5, "shed_predicted": False, "gil_switch_interval_ms": 2.0,
 }
 
 
@@ -77,9 +78,10 @@ def test_defaults_match_the_measured_behaviour(monkeypatch, tmp_path):
     options = WorkerOptions()
     assert (options.batch_window_ms, options.bulk_slice_tokens, options.online_quiet_s) == (2.0, 512, 1.0)
     assert options.warm_up_tokens == 64 and options.skip_unchanged and options.lanes == ("online", "bulk")
+    assert options.gil_switch_interval_ms == 0.5
 
 
-@pytest.mark.parametrize("name, value", [("BULK_SLICE_TOKENS", "0"), ("ONLINE_QUIET_S", "-1"),
+@pytest.mark.parametrize("name, value", [("BULK_SLICE_TOKENS", "0"), ("ONLINE_QUIET_S", "-1"), ("GIL_SWITCH_INTERVAL_MS", "0"),
                                          ("SINK_BACKOFF_S", "[5, 1]"), ("SINK_BACKOFF_S", "[0, 1]")])
 def test_an_impossible_knob_is_refused(monkeypatch, tmp_path, name, value):
     monkeypatch.chdir(tmp_path)
@@ -122,3 +124,25 @@ def test_cluster_options_reach_the_collections_the_workers_create(monkeypatch, t
     assert store.ensure_collection("docs_v1", {"full": VectorSpec(4)})
     assert {k: sent[k] for k in ("shard_number", "replication_factor", "write_consistency_factor")} == \
         {"shard_number": 3, "replication_factor": 2, "write_consistency_factor": 2}
+
+
+def test_a_worker_process_runs_with_the_configured_switch_interval():
+    import signal
+    import sys
+    from types import SimpleNamespace
+
+    from embedstream.workers.serve import run_until_signalled
+
+    before = sys.getswitchinterval()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    seen: list[float] = []
+    worker = SimpleNamespace(name="stub", failure=None, stop=lambda: None,
+                             tuning=WorkerSettings(gil_switch_interval_ms=0.7),
+                             run=lambda: seen.append(sys.getswitchinterval()))
+    try:
+        run_until_signalled(worker, metrics_port=None)
+    finally:
+        sys.setswitchinterval(before)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert seen == [pytest.approx(0.0007)]
