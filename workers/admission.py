@@ -216,6 +216,7 @@ class LaneController:
     epoch ms as on the wire and are converted by the caller's ``now_ms``."""
 
     INCREASE_MS = 0.5  # AIMD additive step per batch with slack
+    OWN_PASSES_NEEDED = 8  # the lane's own passes seen before they predict its requests' passes at their turn
     DECREASE = 0.5  # AIMD multiplicative cut when the p95 nears the target
     NEAR = 0.8  # p95 >= NEAR * target: near the target (shrink the window, bulk yields)
     SLACK = 0.5  # p95 < SLACK * target: slack (grow the window, bulk back to full slices)
@@ -226,6 +227,10 @@ class LaneController:
         self.config = config
         self.clock = clock
         self.model = ComputeModel()
+        # Passes of this lane's own requests only: what a request's pass costs at its turn. The shared model
+        # is fitted mostly on 512-token bulk passes under a backlog, and its intercept read a query's pass
+        # far above the 5-9 ms it took: most refusals at the turn (late_at_pass) were such misreadings.
+        self.own_passes = ComputeModel()
         self.latency = LatencyTracker(clock=clock)
         self.deadlines = Deadlines(config)
         self.errors = FinishErrors(cap_ms=config.target_ms / 2, clock=clock)
@@ -296,9 +301,13 @@ class LaneController:
                     time.sleep(min(remaining, 0.0005))
 
     # -- observations ----------------------------------------------------------------------------
-    def observed_pass(self, tokens: int, compute_ms: float) -> None:
-        """A forward pass of ``tokens`` took ``compute_ms``: refit the prediction, move the window."""
+    def observed_pass(self, tokens: int, compute_ms: float, own: bool = True) -> None:
+        """A forward pass of ``tokens`` took ``compute_ms``: refit the prediction, move the window.
+
+        ``own``: a pass of this lane's requests (False: another lane's, e.g. bulk, sharing the engine)."""
         self.model.observe(tokens, compute_ms)
+        if own:
+            self.own_passes.observe(tokens, compute_ms)
         self._adjust()
 
     def observed_latency(self, ms: float) -> None:
@@ -364,7 +373,8 @@ class LaneController:
             return EXPIRED_IN_QUEUE
         if not self.predicts_sheds:
             return None
-        finish = self.predicted_finish(now_ms, tokens_ahead, tokens, max_pass_tokens, extra_ms + running_ms)
+        model = self.model if queued or self.own_passes.passes < self.OWN_PASSES_NEEDED else self.own_passes
+        finish = self.predicted_finish(now_ms, tokens_ahead, tokens, max_pass_tokens, extra_ms + running_ms, model)
         # The margin guards the requests queued behind this one; one with nothing ahead of it delays
         # nobody, so it is judged on its own compute (with the margin on every arrival, 2x overload shed
         # 99.8% here: a loaded intake made every trip in look too slow for the margin).
@@ -376,9 +386,9 @@ class LaneController:
         return None
 
     def predicted_finish(self, now_ms: int, tokens_ahead: int, tokens: int, max_pass_tokens: int | None = None,
-                         extra_ms: float = 0.0) -> float:
+                         extra_ms: float = 0.0, model: ComputeModel | None = None) -> float:
         """When (epoch ms) a request would be answered, from the compute model alone."""
-        return now_ms + self.model.predict(tokens_ahead + tokens, max_pass_tokens) + extra_ms
+        return now_ms + (model or self.model).predict(tokens_ahead + tokens, max_pass_tokens) + extra_ms
 
     def observed_finish(self, predicted_finish_ms: float | None, now_ms: int) -> None:
         """An admitted request was answered at ``now_ms``; its admission predicted ``predicted_finish_ms``."""

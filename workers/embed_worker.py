@@ -336,7 +336,8 @@ class EmbedWorker(StagedWorkerLoop):
         timings.forward_ms = max(0.0, timings.forward_ms - served_ms)  # this pass's own time
         self.metrics.observe_batch(live[0].lane, timings, len(live))
         pass_ms = (time.perf_counter() - pass_start) * 1000 - served_ms
-        self.admission.observed_pass(timings.tokens, pass_ms)  # bulk passes too: one engine, one cost model
+        # bulk passes too: one engine, one cost model (and the online passes' own, for the check at their turn)
+        self.admission.observed_pass(timings.tokens, pass_ms, own=live[0].lane == "online")
         self.metrics.observe_pass(live[0].lane, self.admission.window_ms, predicted_ms, pass_ms)
         self.metrics.queue_age.labels(lane=live[0].lane).set(pass_start - min(i.received for i in live))
         chunks = {}

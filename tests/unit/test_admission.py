@@ -264,3 +264,23 @@ def test_the_pass_already_running_counts_as_work_ahead():
     assert c.late(now + 20, now, tokens_ahead=0, tokens=20) is None  # ~6 + 2 ms: fits
     assert c.late(now + 20, now, tokens_ahead=0, tokens=20, running_ms=15) == PREDICTED_LATE  # 15 more ms first
     assert c.predicted_finish(now, 0, 20, None, 15) == pytest.approx(c.predicted_finish(now, 0, 20) + 15)
+
+
+def test_at_its_turn_a_request_is_judged_by_its_own_lanes_passes_not_by_bulk_ones():
+    """Under a backlog the shared cost model is fitted on long bulk passes; its intercept must not refuse a
+    query whose own passes take a few ms (that refused 30 of 50 QPS's queries at their turn)."""
+    c = controller(target_ms=30, reply_allowance_ms=2)
+    for _ in range(40):  # bulk passes: 512 tokens in 120 ms, 256 in 90 ms (a big fixed part under contention)
+        c.observed_pass(512, 120.0, own=False)
+        c.observed_pass(256, 90.0, own=False)
+    now = 1_700_000_000_000
+    assert c.model.predict(20) > 50  # the shared model reads a 20-token query's pass as ~60 ms
+    assert c.late(now + 20, now, 0, 20, queued=False) == LATE_AT_PASS  # too few of its own passes seen yet
+    for _ in range(LaneController.OWN_PASSES_NEEDED):
+        c.observed_pass(16, 5.0)
+        c.observed_pass(32, 7.0)
+    assert c.late(now + 20, now, 0, 20, queued=False) is None  # ~5.5 + 2 ms: it makes it
+    assert c.late(now + 5, now, 0, 20, queued=False) == LATE_AT_PASS  # it would not
+    # on arrival the work ahead may be bulk: the shared model (fitted on every pass) still predicts it
+    assert c.predicted_finish(now, 0, 20) == pytest.approx(now + c.model.predict(20))
+    assert c.model.predict(20) > c.own_passes.predict(20) + 5
