@@ -40,12 +40,16 @@ def _lane(settings, name: str, topic: str, metrics) -> Lane:
                 max_poll_records=16, librdkafka=True)
 
 
-def test_pause_and_resume_lose_and_repeat_nothing(kafka_bootstrap):
-    settings = isolated_settings(kafka_bootstrap, "rdpause")
+def _one_partition_lane(bootstrap: str, name: str, records: int) -> Lane:
+    """A librdkafka lane on a fresh one-partition topic holding ``records`` records."""
+    settings = isolated_settings(bootstrap, name)
     ensure_topics(settings.kafka, partitions=1)
-    topic = settings.kafka.topic_queries
-    _produce(settings, topic, 120)
-    lane = _lane(settings, "online", topic, WorkerMetrics())
+    _produce(settings, settings.kafka.topic_queries, records)
+    return _lane(settings, "online", settings.kafka.topic_queries, WorkerMetrics())
+
+
+def test_pause_and_resume_lose_and_repeat_nothing(kafka_bootstrap):
+    lane = _one_partition_lane(kafka_bootstrap, "rdpause", 120)
     assert isinstance(lane.consumer, RdConsumer)
     seen: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + 60
@@ -98,11 +102,7 @@ def test_a_second_member_takes_over_committed_work_and_every_record_finishes_onc
 
 
 def test_lag_counts_the_records_behind_the_log_end(kafka_bootstrap):
-    settings = isolated_settings(kafka_bootstrap, "rdlag")
-    ensure_topics(settings.kafka, partitions=1)
-    topic = settings.kafka.topic_queries
-    _produce(settings, topic, 50)
-    lane = _lane(settings, "online", topic, WorkerMetrics())
+    lane = _one_partition_lane(kafka_bootstrap, "rdlag", 50)
     try:
         taken: list = []
         wait_for(lambda: (taken.extend(lane.poll(100)), len(taken) >= 16)[-1], 60, "a first batch")
