@@ -6,6 +6,7 @@ Nested fields use a double underscore, e.g. ``EMBEDSTREAM_ENGINE__MAX_BATCH_TOKE
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Literal
 
@@ -148,9 +149,11 @@ class KafkaSettings(BaseModel):
 
         For the request-reply paths: a loopback request-reply through an echo took 2.1 ms p50 with librdkafka
         on both sides against 8.3 ms with kafka-python on both (``embedstream bench transport``), whose I/O
-        threads also compete for the GIL with the caller. Nagle off: requests are small and sent one by one."""
+        threads also compete for the GIL with the caller. Nagle off: requests are small and sent one by one.
+        librdkafka's own log lines go to the ``embedstream.librdkafka`` logger, not to stderr."""
         config: dict = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol.lower(),
-                        "reconnect.backoff.max.ms": self.reconnect_backoff_max_ms, "socket.nagle.disable": True}
+                        "reconnect.backoff.max.ms": self.reconnect_backoff_max_ms, "socket.nagle.disable": True,
+                        "logger": logging.getLogger("embedstream.librdkafka")}
         if self.sasl_mechanism:
             config["sasl.mechanism"] = self.sasl_mechanism
             config["sasl.username"] = self.sasl_username or ""

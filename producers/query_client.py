@@ -20,8 +20,6 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import logging
-
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -33,7 +31,6 @@ from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
 
 log = logs.get("embedstream.query_client")
-_LIBRDKAFKA_LOG = logging.getLogger("embedstream.librdkafka")  # librdkafka's own lines, not stderr
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -101,8 +98,7 @@ class QueryClient:
                    "acks": 1,  # a lost request only costs a timeout; waiting for replicas costs every request
                    "linger.ms": 0,
                    # a request the broker has not taken within this (missing topic, broker away) fails
-                   "message.timeout.ms": int(send_block_s * 1000),
-                   "logger": _LIBRDKAFKA_LOG}))
+                   "message.timeout.ms": int(send_block_s * 1000)}))
         except BaseException:
             self._consumer.close()
             raise
@@ -116,7 +112,7 @@ class QueryClient:
         consumer = Consumer(self.settings.librdkafka_config(
             **{"client.id": "embedstream-query-client", "group.id": f"embedstream-query-client-{uuid.uuid4().hex}",
                "enable.auto.commit": False, "enable.auto.offset.store": False,
-               "fetch.wait.max.ms": self.settings.fetch_max_wait_ms, "logger": _LIBRDKAFKA_LOG}))
+               "fetch.wait.max.ms": self.settings.fetch_max_wait_ms}))
         try:
             ids = self._partition_ids(consumer, timeout_s)
             if not ids and create:

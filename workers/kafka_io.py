@@ -6,7 +6,6 @@ these; they hold what kafka-python needs said the same way in every worker.
 
 from __future__ import annotations
 
-import logging
 import socket
 
 from confluent_kafka import Producer
@@ -37,8 +36,7 @@ def new_producer(kafka: KafkaSettings) -> Producer:
     Delivery reports run on the thread that polls or flushes it (the outbox's ``settle``)."""
     return Producer(kafka.librdkafka_config(**{
         "client.id": "embedstream-worker-outbox", "acks": "all", "linger.ms": 0, "enable.idempotence": False,
-        "message.timeout.ms": 120_000, "message.max.bytes": MAX_REQUEST_BYTES,
-        "logger": logging.getLogger("embedstream.librdkafka")}))
+        "message.timeout.ms": 120_000, "message.max.bytes": MAX_REQUEST_BYTES}))
 
 
 def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int, **extra) -> KafkaConsumer:

@@ -11,7 +11,6 @@ Measured with ``embedstream bench transport`` (an echo through the broker, loopb
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException
@@ -21,9 +20,9 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
+from embedstream.workers.kafka_io import broker_listening
 
 log = logs.get("embedstream.worker")
-_LIBRDKAFKA_LOG = logging.getLogger("embedstream.librdkafka")
 
 
 @dataclass(slots=True)
@@ -56,7 +55,7 @@ class RdConsumer:
             "fetch.wait.max.ms": kafka.fetch_max_wait_ms,
             "max.partition.fetch.bytes": max(1 << 20, 2 * kafka.max_record_bytes),
             "topic.metadata.refresh.interval.ms": 10_000,  # new or grown topics noticed soon
-            "logger": _LIBRDKAFKA_LOG, "error_cb": self._on_error, "on_commit": self._on_commit,
+            "error_cb": self._on_error, "on_commit": self._on_commit,
         })
         if kafka.session_timeout_ms:
             config["session.timeout.ms"] = kafka.session_timeout_ms
@@ -127,10 +126,8 @@ class RdConsumer:
         lost = {TopicPartition(p.topic, p.partition) for p in partitions}
         self._assigned -= lost
         self._paused -= lost
-        if self._listener is not None and hasattr(self._listener, "on_partitions_lost"):
+        if self._listener is not None:
             self._listener.on_partitions_lost(list(lost))
-        elif self._listener is not None:
-            self._listener.on_partitions_revoked(list(lost))
         consumer.unassign()
 
     # -- positions and flow ---------------------------------------------------------------------
@@ -178,7 +175,7 @@ class RdConsumer:
             self._consumer.commit(offsets=self._rd_offsets(offsets), asynchronous=False)
         except KafkaException as exc:
             error = exc.args[0]
-            raise RdCommitError(error.str(), retriable=error.retriable() or not error.fatal()) from None
+            raise RdCommitError(error.str(), retriable=not error.fatal()) from None
 
     def commit_async(self, offsets: dict, callback=None) -> None:
         """Commit without waiting (at a revocation); a failure is logged by ``_on_commit``, not ``callback``."""
@@ -196,8 +193,6 @@ class RdConsumer:
     # -- health ---------------------------------------------------------------------------------
     def bootstrap_connected(self) -> bool:
         """A broker accepts connections (librdkafka reconnects on its own; it has no "connected" question)."""
-        from embedstream.workers.kafka_io import broker_listening
-
         return broker_listening(self.bootstrap_servers)
 
     @staticmethod
