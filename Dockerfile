@@ -26,6 +26,8 @@
 #                      its major version equal to `python -c "import torch; print(torch.version.cuda)"`.
 #   INSTALL_FLASH_ATTN 0 (default) | 1, only with VARIANT=cuda
 #   MAX_JOBS           parallel compile jobs for flash-attn (default 4)
+#   INSTALL_OPENVINO   0 (default) | 1: the OpenVINO CPU backend (extra "openvino"; bulk workers
+#                      at 2+ threads or int8: EMBEDSTREAM_ENGINE__BACKEND=openvino)
 #
 # Run:
 #   docker run --rm embedstream:cpu --help
@@ -111,6 +113,16 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['gpu']))" \
             > /tmp/requirements-gpu.txt; \
         MAX_JOBS="$MAX_JOBS" pip install --no-build-isolation -r /tmp/requirements-gpu.txt; \
+    fi
+
+# 2b) Optional OpenVINO CPU backend (extra "openvino": EMBEDSTREAM_ENGINE__BACKEND=openvino).
+ARG INSTALL_OPENVINO=0
+RUN --mount=type=cache,target=/root/.cache/pip \
+    set -eu; \
+    if [ "$INSTALL_OPENVINO" = "1" ]; then \
+        python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['openvino']))" \
+            > /tmp/requirements-openvino.txt; \
+        pip install -r /tmp/requirements-openvino.txt; \
     fi
 
 # 3) The package itself (dependencies are already in place).

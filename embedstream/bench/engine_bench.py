@@ -199,6 +199,26 @@ def _embedstream(engine: Engine) -> Callable[[list[str]], tuple[np.ndarray, int]
     return run
 
 
+def _openvino_methods(model: str, threads: int, precisions: list[str]) -> list[tuple[str, str, Callable]]:
+    """embedstream's OpenVINO backend rows (its thread pool is fixed when the model is compiled, so one set per
+    thread count): float32 and each approximate precision asked for."""
+    rows = []
+    for precision in ["float32", *[p for p in precisions if p != "float32"]]:
+        settings = Settings()
+        settings.engine.backend, settings.engine.precision, settings.engine.threads = "openvino", precision, threads
+        engine = Engine.from_name(model, settings)
+        encoder = engine.runner.encoder
+
+        def run(texts: list[str], engine=engine, encoder=encoder) -> tuple[np.ndarray, int]:
+            before = encoder.padding_tokens
+            vectors, real = _embedstream(engine)(texts)
+            return vectors, real + encoder.padding_tokens - before
+
+        label = {"float32": "fp32", "bfloat16": "bf16"}.get(precision, precision)
+        rows.append((f"embedstream (openvino, {label}, length groups)", precision, run))
+    return rows
+
+
 def default_approximate_precisions() -> list[str]:
     """The approximate paths worth a row on this CPU: int8 always, bf16 only where it is native."""
     return ["int8"] + (["bfloat16"] if cpu_has_native_bf16() else [])
@@ -258,13 +278,19 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
     useful_flops = sum(n * engine.runner.flops_per_token(n) for n in lengths)
     own = _own_methods(model, engine, precisions, baselines, device)
     found, skipped = peer_rows.peers(engine.spec) if peers and not on_gpu else ([], [])  # peers are CPU engines
+    from embedstream.engine.backends import openvino_encoder
+
+    ov_why = None if on_gpu else openvino_encoder.supports(engine.runner.config, "float32")
+    if ov_why and not on_gpu:
+        skipped.append(peer_rows.Skipped("embedstream (openvino)", ov_why))
     facts = {"model": model, "path": engine.runner.describe(), "cpu": cpu_summary(), "texts": len(corpus), "real_tokens": sum(lengths),
              "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {},
              "skipped": [(s.name, s.reason) for s in skipped]}
     rows: list[MethodResult] = []
     for n in threads:
         torch.set_num_threads(n)
-        methods = own + [(p.name, p.precision, p.build(n)) for p in found]
+        ov_rows = _openvino_methods(model, n, precisions) if not (on_gpu or ov_why) else []
+        methods = own + ov_rows + [(p.name, p.precision, p.build(n)) for p in found]
         facts["peak_gflops"][n] = {p: measure_peak_gflops(n, p) for p in sorted({m[1] for m in methods})}
         torch.set_num_threads(n)
         timed = _timed_round_robin([(name, fn) for name, _, fn in methods], corpus, repeats)
@@ -309,3 +335,33 @@ def print_table(rows: list[MethodResult], facts: dict) -> None:
         measured = ", ".join(f"{short.get(p, p)} {g:,.1f}" for p, g in peaks.items())
         table.add_row(str(n), f"[dim]peak GEMM measured (GFLOP/s): {measured}[/dim]", *[""] * 9)
     console.print(table)
+    console.print(family_table(rows, facts))
+
+
+def family_table(rows: list[MethodResult], facts: dict):
+    """Per precision family and thread count: embedstream's fastest row against the fastest other row, and
+    embedstream's scaling from the fewest to the most threads (the issue's ratios, side by side)."""
+    from rich.table import Table
+
+    table = Table(title="embedstream vs the fastest peer, by precision (real tokens/s)")
+    for col in ("precision", "threads", "embedstream best", "tok/s", "% peak", "fastest peer", "tok/s", "ratio",
+                "threads scaling"):
+        table.add_column(col, justify="left" if col in ("precision", "embedstream best", "fastest peer") else "right")
+    threads = sorted({r.threads for r in rows})
+    for precision in ("float32", "bfloat16", "int8"):
+        ours_by_n = {}
+        for n in threads:
+            group = [r for r in rows if r.threads == n and r.precision == precision]
+            ours = max((r for r in group if r.method.startswith("embedstream")), key=lambda r: r.tokens_per_s, default=None)
+            peer = max((r for r in group if not r.method.startswith("embedstream")), key=lambda r: r.tokens_per_s,
+                       default=None)
+            if ours is None:
+                continue
+            ours_by_n[n] = ours.tokens_per_s
+            peak = facts["peak_gflops"][n].get(precision)
+            scaling = f"{ours.tokens_per_s / ours_by_n[threads[0]]:.2f}x" if n != threads[0] and threads[0] in ours_by_n else "-"
+            table.add_row(precision, str(n), ours.method, f"{ours.tokens_per_s:,.0f}",
+                          f"{ours.useful_gflops / peak:.0%}" if peak else "-", peer.method if peer else "-",
+                          f"{peer.tokens_per_s:,.0f}" if peer else "-",
+                          f"{ours.tokens_per_s / peer.tokens_per_s:.2f}x" if peer else "-", scaling)
+    return table

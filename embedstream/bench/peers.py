@@ -15,7 +15,6 @@ or that cannot run this model, becomes a :class:`Skipped` row with the reason.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,9 @@ import numpy as np
 
 from embedstream.engine import calibrate
 from embedstream.engine.backends.linear import cpu_has_native_bf16
+from embedstream.engine.backends.openvino_encoder import export_onnx, nncf_int8
 
 BATCH = 32
-NNCF_CALIBRATION_TEXTS = 300
-ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 RunFn = Callable[[list[str]], tuple[np.ndarray, int]]
 
 
@@ -63,38 +61,6 @@ def work_dir(spec) -> Path:
     folder = Path.home() / ".cache" / "embedstream" / "peers" / calibrate.model_key(spec.path)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def export_onnx(spec, folder: Path) -> Path:
-    """The encoder (last hidden state) as ONNX, dynamic batch and length, traced with a padded row so
-    the exported graph keeps the attention mask; eager attention (SDPA does not trace to ONNX)."""
-    import torch
-    from transformers import AutoModel
-
-    path = folder / "model.onnx"
-    if path.is_file():
-        return path
-    model = AutoModel.from_pretrained(str(spec.path), attn_implementation="eager").eval()
-    names = [n for n in ONNX_INPUTS if n != "token_type_ids" or model.config.type_vocab_size > 1]
-
-    class LastHidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, *inputs):
-            return self.model(**dict(zip(names, inputs))).last_hidden_state
-
-    ids = torch.randint(1000, 2000, (2, 16))
-    mask = torch.ones_like(ids)
-    mask[1, 9:] = 0
-    example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
-    tmp = folder / f"model.{os.getpid()}.tmp.onnx"
-    axes = {n: {0: "batch", 1: "length"} for n in [*names, "last_hidden_state"]}
-    torch.onnx.export(LastHidden(), tuple(example[n] for n in names), str(tmp), input_names=names,
-                      output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
-    os.replace(tmp, path)
-    return path
 
 
 def padded_runner(spec, infer: Callable[[dict], np.ndarray], input_names: list[str]) -> RunFn:
@@ -136,7 +102,7 @@ def _openvino(spec, onnx_path: Path, hint: str, quantized: bool) -> Callable[[in
         import openvino as ov
 
         core = ov.Core()
-        model = _nncf_int8(spec, core.read_model(str(onnx_path)), onnx_path.parent) if quantized else core.read_model(str(onnx_path))
+        model = nncf_int8(spec, onnx_path, keep_float=(), recipe="nncf-preset") if quantized else core.read_model(str(onnx_path))
         compiled = core.compile_model(model, "CPU", {
             "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads,
             "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
@@ -146,31 +112,6 @@ def _openvino(spec, onnx_path: Path, hint: str, quantized: bool) -> Callable[[in
         return padded_runner(spec, lambda feed: request.infer(feed)[compiled.output(0)], names)
 
     return build
-
-
-def _nncf_int8(spec, model, folder: Path):
-    """NNCF static int8 (transformer preset), calibrated once on the engine's calibration texts."""
-    import nncf
-    import openvino as ov
-
-    path = folder / "openvino-int8.xml"
-    if path.is_file():
-        return ov.Core().read_model(str(path))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(spec.path))
-    _, texts = calibrate.calibration_texts(spec, NNCF_CALIBRATION_TEXTS)
-    names = [port.get_any_name() for port in model.inputs]
-
-    def feed(text: str) -> dict:
-        enc = tokenizer([text], truncation=True, max_length=spec.max_tokens, return_tensors="np")
-        enc.setdefault("token_type_ids", np.zeros_like(enc["input_ids"]))
-        return {n: enc[n].astype(np.int64) for n in names}
-
-    quantized = nncf.quantize(model, nncf.Dataset(texts, feed), model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(texts))
-    ov.save_model(quantized, str(path))
-    return quantized
 
 
 def _ort_models(onnx_path: Path) -> tuple[Path, Path]:

@@ -65,6 +65,12 @@ def cache_file(folder: Path, key: str) -> Path:
     return base / key / "activation-ranges.pt"
 
 
+def artifacts_dir(folder: Path, key: str) -> Path:
+    """Where other once-per-model artefacts (an exported graph, a quantised model) live: beside the ranges."""
+    path = cache_file(folder, key)
+    return path.parent / key if path.parent.name == ".embedstream-calibration" else path.parent
+
+
 class RangeObserver:
     """Wraps one linear layer; records the per-channel min and max of every input it sees."""
 

@@ -2,7 +2,8 @@
 
 Paths, best first: packed BERT-family or packed decoder (no padding FLOPs; on CUDA in bf16 the
 flash-attn varlen kernel, else torch's varlen_attn; grouped SDPA on CPU and in float32: see
-attention.py), then a padded Hugging Face forward for anything else.
+attention.py), then a padded Hugging Face forward for anything else. ``backend=openvino`` (CPU,
+BERT family, the ``openvino`` extra) runs OpenVINO on length groups instead (openvino_encoder.py).
 ``describe()`` says which path and attention kernel run, so logs and benchmarks can never hide a
 fallback. On CUDA batches reach the device through pinned memory and a side stream (transfer.py):
 ``stage`` the next batch before ``embed``-ing the current one and its copy runs under this forward. The hidden
@@ -22,6 +23,7 @@ from embedstream.engine.attention import attention_kernel_name
 from embedstream.engine import calibrate
 from embedstream.engine.backends import bert, decoder
 from embedstream.engine.backends.hf_padded import PaddedHFEncoder
+from embedstream.engine.backends.openvino_encoder import OpenVINOEncoder
 from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16, onednn_int8_available
 from embedstream.engine.errors import ConfigError
 from embedstream.engine.head import EmbeddingHead
@@ -87,7 +89,8 @@ class ModelRunner:
 
         set_threads(threads)
         self.spec = spec
-        self.device = pick_device(device)
+        self.threads = threads
+        self.device = pick_device("cpu" if backend == "openvino" and device == "auto" else device)
         self.precision, self.dtype = pick_precision(precision, self.device)
         self.feeder = DeviceFeeder(self.device)
         config = AutoConfig.from_pretrained(str(spec.path))
@@ -104,6 +107,12 @@ class ModelRunner:
             self.head = EmbeddingHead(spec, self.hidden_size, self.device)
 
     def _choose(self, base, config, backend: str):
+        if backend == "openvino":
+            if self.device.type != "cpu":
+                raise ConfigError("backend=openvino runs on CPU; use device=cpu (or backend=auto on CUDA)")
+            self.head_reads = "all"  # every real token comes back, as from the padded path
+            encoder = OpenVINOEncoder(self.spec, config, self.precision, self.threads)
+            return encoder, f"openvino/cpu/{self.precision}"
         reasons = []
         if backend in ("auto", "packed"):
             for family, cls in ((bert, bert.PackedBertEncoder), (decoder, decoder.PackedDecoder)):

@@ -1,0 +1,216 @@
+"""OpenVINO as a CPU backend behind the runner's encoder contract: PackedBatch in, packed [T, H] hidden out.
+
+Why: on this repo's reference CPU (Zen 4, AVX512-BF16 + VNNI, no AMX) OpenVINO's kernels ran
+all-MiniLM-L6-v2 faster than the packed torch path at 2 threads in float32 (1.12x) and bf16 (1.19x),
+and its NNCF static int8 2x faster than our int8 (``bench engine``, stop 20's note). It computes padded
+batches, so a packed batch is cut into **length groups** that each pad to their own longest sequence
+(``length_groups``: at most ``PAD_LIMIT``, 2%, of a group is padding), and only the real tokens are gathered
+back, so pooling and heads stay the packed path's (sentence-transformers modules, score heads).
+
+What it does not do: yield between layers (``yield_points``): a query waits for the whole bulk pass
+ahead of it, which the packed path splits into per-layer steps. So ``backend=openvino`` suits bulk
+workers; online workers keep ``auto`` (packed). BERT-family encoders only (the ONNX export traces
+these; anything else is refused at start with the reason).
+
+The encoder is exported once to ONNX (``export_onnx``) and, for int8, quantised once by NNCF
+(``nncf_int8``) on the engine's calibration texts; both are cached with the activation ranges
+(``calibrate.artifacts_dir``), so later starts only compile (seconds). Needs the ``openvino``
+extra (``pip install '.[openvino]'``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embedstream import logs
+from embedstream.engine import calibrate
+from embedstream.engine.backends import bert
+from embedstream.engine.backends.linear import cpu_has_native_bf16
+from embedstream.engine.errors import ConfigError
+from embedstream.engine.packed import PackedBatch
+
+# Most of a length group that may be padding. MiniLM, 600 bench texts, 1 thread, medians of 3 (tok/s, padding):
+# 0.0: fp32 3,967 (0%), int8 8,873; 0.02: 3,947 (1.8%), 9,116; 0.05: 3,892 (4.2%), 8,492; 0.10: 3,757 (6.3%),
+# 8,753; 0.20: 3,673 (8.3%), 8,608. OpenVINO's per-call cost is small next to padded FLOPs: keep groups tight.
+PAD_LIMIT = 0.02
+NNCF_CALIBRATION_TEXTS = 300
+ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+EXTRA = "pip install 'embedstream[openvino]' (or '.[openvino]' in a checkout)"
+
+log = logs.get("embedstream.engine.openvino")
+
+
+def missing() -> str | None:
+    """Why the backend cannot load here (a package absent), else None."""
+    absent = [m for m in ("openvino", "onnx") if importlib.util.find_spec(m) is None]
+    return f"not installed: {', '.join(absent)} ({EXTRA})" if absent else None
+
+
+def supports(config, precision: str) -> str | None:
+    """None when this backend can run the model at ``precision``, else the reason."""
+    reason = missing() or bert.supports(config)
+    if reason:
+        return reason
+    if precision == "bfloat16" and not cpu_has_native_bf16():
+        return "bfloat16 needs a CPU with AVX512-BF16 or AMX (OpenVINO would emulate it)"
+    if precision == "int8" and importlib.util.find_spec("nncf") is None:
+        return f"int8 needs nncf ({EXTRA})"
+    return None
+
+
+def length_groups(lengths: list[int], pad_limit: float = PAD_LIMIT) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, end)`` of a length-sorted (longest first) batch whose padding to the run's
+    first (longest) length stays within ``pad_limit`` of the run's padded size."""
+    groups: list[tuple[int, int]] = []
+    start, real = 0, 0
+    for i, n in enumerate(lengths):
+        width = lengths[start]
+        if i > start and (width * (i - start + 1) - (real + n)) > pad_limit * width * (i - start + 1):
+            groups.append((start, i))
+            start, real = i, 0
+        real += n
+    if lengths:
+        groups.append((start, len(lengths)))
+    return groups
+
+
+def export_onnx(spec, folder: Path) -> Path:
+    """The encoder (last hidden state) as ONNX, dynamic batch and length, traced with a padded row so
+    the exported graph keeps the attention mask; eager attention (SDPA does not trace to ONNX)."""
+    from transformers import AutoModel
+
+    path = folder / "model.onnx"
+    if path.is_file():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    model = AutoModel.from_pretrained(str(spec.path), attn_implementation="eager").eval()
+    names = [n for n in ONNX_INPUTS if n != "token_type_ids" or model.config.type_vocab_size > 1]
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            return self.model(**dict(zip(names, inputs))).last_hidden_state
+
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(min(1000, vocab - 1), min(2000, vocab), (2, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    tmp = folder / f"model.{os.getpid()}.tmp.onnx"
+    axes = {n: {0: "batch", 1: "length"} for n in [*names, "last_hidden_state"]}
+    torch.onnx.export(LastHidden(), tuple(example[n] for n in names), str(tmp), input_names=names,
+                      output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    os.replace(tmp, path)  # atomic: a second worker starting at once reads a whole file or none
+    return path
+
+
+INT8_RECIPE = "ffn-down-float"  # in the cached file's name: a new recipe quantises again
+FFN_DOWN = r".*layer\.\d+/output/dense/MatMul"  # BERT/RoBERTa exports: the FFN's down projection of each layer
+
+
+def nncf_int8(spec, onnx_path: Path, keep_float: tuple[str, ...] = (FFN_DOWN,), recipe: str = INT8_RECIPE,
+              texts: int = NNCF_CALIBRATION_TEXTS):
+    """NNCF static int8 (transformer preset: SmoothQuant, per-channel weights, calibrated activation ranges) on
+    the engine's calibration texts, with each FFN's down projection left unquantised (it runs in bf16 where the
+    CPU has it): as in the packed path's recipe, that layer costs the most accuracy. Measured on
+    all-MiniLM-L6-v2, 600 bench texts, 2 threads: min cos vs float32 0.9906 -> 0.9979, 3.85 -> 4.79 s (still
+    1.65x the packed int8, 1.16x OpenVINO bf16). ``keep_float``: node name patterns left unquantised
+    (``()``: NNCF's own preset, as ``bench engine``'s OpenVINO peer row runs it), ``recipe`` names the cached
+    file. Cached next to the ONNX file; returns the OpenVINO model."""
+    import openvino as ov
+
+    path = onnx_path.with_name(f"openvino-int8-{recipe}.xml")
+    core = ov.Core()
+    if path.is_file():
+        return core.read_model(str(path))
+    import nncf
+
+    tokenizer, calibration = calibrate.calibration_texts(spec, texts)
+    model = core.read_model(str(onnx_path))
+    names = [port.get_any_name() for port in model.inputs]
+
+    def feed(text: str) -> dict:
+        (item,) = tokenizer.encode_many([text], [True])
+        row = {"input_ids": np.asarray([item.ids], dtype=np.int64),
+               "token_type_ids": np.asarray([item.type_ids], dtype=np.int64)}
+        row["attention_mask"] = np.ones_like(row["input_ids"])
+        return {n: row[n] for n in names}
+
+    log.info("openvino_int8_calibrating", model=spec.name, texts=len(calibration), cache=str(path))
+    start = time.perf_counter()
+    quantized = nncf.quantize(model, nncf.Dataset(calibration, feed), model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=len(calibration),
+                              ignored_scope=nncf.IgnoredScope(patterns=list(keep_float), validate=False))
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.xml")
+    ov.save_model(quantized, str(tmp))
+    os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
+    os.replace(tmp, path)  # the .xml last: its presence means both files are whole
+    log.info("openvino_int8_calibrated", model=spec.name, seconds=round(time.perf_counter() - start, 1))
+    return quantized
+
+
+class OpenVINOEncoder:
+    """Runs a BERT-family encoder through OpenVINO on packed batches (see the module doc)."""
+
+    HINTS = {"float32": "f32", "bfloat16": "bf16"}  # int8: the quantised ops in int8, the rest in bf16 where native
+
+    def __init__(self, spec, config, precision: str, threads: int | None = None):
+        why = supports(config, precision)
+        if why:
+            raise ConfigError(f"backend=openvino cannot run {spec.name} at {precision}: {why}")
+        import openvino as ov
+
+        folder = calibrate.artifacts_dir(spec.path, calibrate.model_key(spec.path)) / "openvino"
+        onnx_path = export_onnx(spec, folder)
+        core = ov.Core()
+        model = nncf_int8(spec, onnx_path) if precision == "int8" else core.read_model(str(onnx_path))
+        self.compiled = core.compile_model(model, "CPU", {
+            "INFERENCE_PRECISION_HINT": self.HINTS.get(precision, "bf16" if cpu_has_native_bf16() else "f32"),
+            "INFERENCE_NUM_THREADS": int(threads or 0),
+            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+        })
+        self.inputs = [port.get_any_name() for port in self.compiled.inputs]
+        self.request = self.compiled.create_infer_request()
+        self.hidden_size = int(config.hidden_size)
+        self.layers = int(config.num_hidden_layers)
+        self.intermediate = int(config.intermediate_size)
+        self.head_dim = self.hidden_size // int(config.num_attention_heads)
+        self.last_padding_tokens = 0
+        self.padding_tokens = 0  # all batches' (bench engine's padding column)
+        self.pad_limit = PAD_LIMIT
+
+    def flops_per_token(self, length: int) -> float:
+        """Linear layers plus attention scores and values (same count as the packed encoder's)."""
+        h, f = self.hidden_size, self.intermediate
+        return self.layers * (2.0 * (4 * h * h + 2 * h * f) + 4.0 * length * h)
+
+    def __call__(self, batch: PackedBatch) -> torch.Tensor:
+        lengths, cu = batch.lengths, batch.cu_seqlens.tolist()
+        ids, types = batch.input_ids.numpy(), batch.token_type_ids.numpy()
+        out = np.empty((batch.total_tokens, self.hidden_size), dtype=np.float32)
+        padding = 0
+        for first, end in length_groups(lengths, self.pad_limit):
+            width, rows = lengths[first], end - first
+            feed = {n: np.zeros((rows, width), dtype=np.int64) for n in ONNX_INPUTS}
+            for r in range(rows):
+                lo, hi = cu[first + r], cu[first + r + 1]
+                feed["input_ids"][r, : hi - lo] = ids[lo:hi]
+                feed["token_type_ids"][r, : hi - lo] = types[lo:hi]
+                feed["attention_mask"][r, : hi - lo] = 1
+            padding += rows * width - (cu[end] - cu[first])
+            hidden = self.request.infer({n: feed[n] for n in self.inputs})[self.compiled.output(0)]
+            for r in range(rows):
+                lo, hi = cu[first + r], cu[first + r + 1]
+                out[lo:hi] = hidden[r, : hi - lo]
+        self.last_padding_tokens = padding
+        self.padding_tokens += padding
+        return torch.from_numpy(out)
