@@ -24,6 +24,7 @@ from embedstream.engine.packed import pack_sequences
 from embedstream.engine.postprocess import Quantized
 from embedstream.engine.runner import ForwardTimings, ModelRunner
 from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer, st_lowercase
+from embedstream.engine.transfer import StagedBatch, staged_ahead
 
 
 @dataclass
@@ -185,11 +186,15 @@ class Engine:
         norm = request.normalize if request.normalize is not None else self.spec.normalize
         return Prepared(request, tok, norm)
 
-    def forward(self, items: list[Prepared], timings: StageTimings) -> np.ndarray:
-        """One packed forward pass over items that fit one batch; float32 [N, D] in item order."""
-        batch = pack_sequences([p.tokens for p in items])
+    def forward(self, items: list[Prepared], timings: StageTimings, staged: StagedBatch | None = None) -> np.ndarray:
+        """One packed forward pass over items that fit one batch; float32 [N, D] in item order.
+
+        ``staged``: these items' batch, already packed and its device copy started (``embed`` stages batch i+1
+        before running batch i, so on CUDA that copy runs under batch i's forward); else packed here, into
+        pinned memory on CUDA (``runner.pack``) so its copy is asynchronous."""
+        batch = staged.batch if staged is not None else self.runner.pack([p.tokens for p in items])
         ft = ForwardTimings()
-        pooled = self.runner.embed(batch, ft).numpy()
+        pooled = self.runner.embed(staged if staged is not None else batch, ft).numpy()
         vectors = np.empty_like(pooled)
         vectors[batch.order] = pooled
         timings.forward_ms += ft.forward_ms
@@ -232,9 +237,11 @@ class Engine:
         for i, p in enumerate(prepared):
             if isinstance(p, EngineError):
                 results[i] = EmbedResult(requests[i].id, error=p)
-        for group in pack([len(prepared[i].tokens) for i in good], self.limits, sort_by_length):
-            idx = [good[g] for g in group]
-            vectors = self.forward([prepared[i] for i in idx], timings)
+        groups = [[good[g] for g in group] for group in pack([len(prepared[i].tokens) for i in good], self.limits,
+                                                              sort_by_length)]
+        packed = (self.runner.pack([prepared[i].tokens for i in idx]) for idx in groups)
+        for idx, staged in zip(groups, staged_ahead(self.runner.stage, packed)):
+            vectors = self.forward([prepared[i] for i in idx], timings, staged)
             for row, i in enumerate(idx):
                 results[i] = self.finish(prepared[i], vectors[row])
         return results, timings  # type: ignore[return-value]
@@ -263,11 +270,12 @@ class Engine:
             else:
                 ready.append((i, tok))
         timings.tokenize_ms += (time.perf_counter() - start) * 1000
-        for group in pack([len(t) for _, t in ready], self.limits, sort_by_length):
-            members = [ready[g] for g in group]
-            batch = pack_sequences([t for _, t in members])
+        groups = [[ready[g] for g in group] for group in pack([len(t) for _, t in ready], self.limits, sort_by_length)]
+        packed = (self.runner.pack([t for _, t in members]) for members in groups)
+        for members, staged in zip(groups, staged_ahead(self.runner.stage, packed)):
+            batch = staged.batch
             ft = ForwardTimings()
-            scores = self.runner.score(batch, ft).tolist()
+            scores = self.runner.score(staged, ft).tolist()
             timings.forward_ms += ft.forward_ms
             timings.batches += 1
             timings.tokens += batch.total_tokens

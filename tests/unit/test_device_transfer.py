@@ -73,6 +73,46 @@ def test_staged_ahead_starts_the_next_copy_before_the_current_batch_runs():
     assert list(staged_ahead(stage, [])) == []
 
 
+def test_engine_embed_and_score_stage_each_batch_before_the_previous_one_runs(tiny_bert_dir, tiny_ce_dir, monkeypatch):
+    """Engine.embed / score hand the runner batch i+1 to stage before running batch i (its copy overlaps i's
+    forward on CUDA); the vectors are the same as batch-by-batch."""
+    for engine, call in ((make_engine(tiny_bert_dir, pooling="mean", engine={"max_batch_tokens": 128}), "embed"),
+                         (make_engine(tiny_ce_dir, kind="rerank", engine={"max_batch_tokens": 128}), "score")):
+        runner, log, alive = engine.runner, [], []  # batches kept alive: their ids stay unique
+        real_stage, real_run = runner.stage, getattr(runner, call)
+
+        def stage(batch, real_stage=real_stage):
+            log.append(("stage", id(batch)))
+            alive.append(batch)
+            return real_stage(batch)
+
+        def run(staged, timings, real_run=real_run):
+            assert isinstance(staged, StagedBatch)
+            log.append(("run", id(staged.batch)))
+            return real_run(staged, timings)
+
+        monkeypatch.setattr(runner, "stage", stage)
+        monkeypatch.setattr(runner, call, run)
+        texts = [f"text number {i} " * (1 + i % 7) for i in range(40)]
+        if call == "embed":
+            results, timings = engine.embed([EmbedRequest(i, t) for i, t in enumerate(texts)])
+            seen = list(log)
+            one_by_one = [engine.embed([EmbedRequest(0, t)])[0][0].vector.values for t in texts]
+            np.testing.assert_allclose(np.stack([r.vector.values for r in results]), np.stack(one_by_one), atol=1e-5)
+        else:
+            from embedstream.engine.engine import ScoreRequest
+
+            results, timings = engine.score([ScoreRequest(i, "a query", t) for i, t in enumerate(texts)])
+            seen = list(log)
+            assert all(r.score is not None for r in results)
+        batches = [b for kind, b in seen if kind == "stage"]
+        assert timings.batches == len(batches) >= 3  # several batches, each staged once
+        assert [b for kind, b in seen if kind == "run"] == batches
+        for i in range(1, len(batches)):  # batch i was staged before batch i-1 ran
+            assert seen.index(("stage", batches[i])) < seen.index(("run", batches[i - 1]))
+        monkeypatch.undo()
+
+
 @CUDA
 def test_cuda_packing_is_pinned_and_staging_copies_on_a_side_stream(tiny_bert_dir):
     engine = make_engine(tiny_bert_dir, pooling="mean", engine={"device": "cuda"})
