@@ -17,7 +17,8 @@ Every form is scored by brute force in numpy, so the numbers are exact, not an i
 * float32 vectors searched with the queries embedded at bf16 (what precision ``fast`` gives the
   online lane where the CPU has native bf16): the cost of the query path's precision alone.
 * queries *and* documents embedded with the engine at int8 (static, calibrated: engine/calibrate.py)
-  and searched exactly: what the int8 engine costs in recall (target: >= 0.98 of float32's 1.0).
+  and searched exactly: what the int8 engine costs in recall (target: >= 0.98 of float32's 1.0); the same
+  with the OpenVINO backend's int8 where the ``openvino`` extra is installed.
 Matryoshka sizes are not measured: MiniLM is not Matryoshka-trained, its truncated vectors are
 not a supported form (the engine refuses them), and the table says so.
 """
@@ -72,8 +73,9 @@ def build_corpus(queries: int = 200, chunk_words: int = 40, seed: int = 17) -> t
 
 
 def embed_cached(model: str, texts: list[str], threads: int | None = None, progress: bool = True,
-                 precision: str = "float32") -> np.ndarray:
-    """float32 [N, D] normalised embeddings of texts, computed once per (model, precision, texts) and cached."""
+                 precision: str = "float32", backend: str = "auto") -> np.ndarray:
+    """float32 [N, D] normalised embeddings of texts, computed once per (model, precision, backend, texts) and
+    cached."""
     from embedstream.config import Settings
     from embedstream.engine.engine import EmbedRequest, Engine
     from embedstream.engine.model_spec import resolve_model
@@ -81,12 +83,19 @@ def embed_cached(model: str, texts: list[str], threads: int | None = None, progr
     settings = Settings()
     settings.engine.threads = threads
     settings.engine.precision = precision
+    settings.engine.backend = backend
     spec = resolve_model(model, settings.models)
     digest = hashlib.sha256()
     digest.update(f"{spec.name}\x1f{spec.path}\x1f{spec.pooling}\x1f{spec.max_tokens}\x1e".encode())
     if precision != "float32":  # float32 keeps its old cache key
         digest.update(f"precision={precision}\x1e".encode())
-    if precision == "int8":  # a new int8 recipe must not read the old recipe's vectors
+    if backend != "auto":  # auto keeps its old cache key
+        digest.update(f"backend={backend}\x1e".encode())
+    if precision == "int8" and backend == "openvino":
+        from embedstream.engine.backends.openvino_encoder import INT8_RECIPE as OPENVINO_INT8_RECIPE
+
+        digest.update(f"recipe={OPENVINO_INT8_RECIPE}\x1e".encode())
+    elif precision == "int8":  # a new int8 recipe must not read the old recipe's vectors
         from embedstream.engine.backends.bert import INT8_RECIPE
         from embedstream.engine.calibrate import CALIBRATION_VERSION
 
@@ -231,9 +240,14 @@ def run(model: str = "all-MiniLM-L6-v2", queries: int = 200, k: int = 10, rescor
     vectors, qvecs = matrix[: len(chunks)], matrix[len(chunks) :]
     bf16_queries = embed_cached(model, held, threads, progress=False, precision="bfloat16")
     others = {}
+    from embedstream.engine.backends import openvino_encoder
+
+    openvino = [] if openvino_encoder.missing() else ["openvino"]
     for precision in engine_precisions:
-        other = embed_cached(model, chunks + held, threads, precision=precision)
-        others[f"engine at {precision}: documents and queries"] = (other[: len(chunks)], other[len(chunks) :])
+        for backend in ["auto", *openvino]:
+            other = embed_cached(model, chunks + held, threads, precision=precision, backend=backend)
+            label = f"engine at {precision}" + (f" ({backend} backend)" if backend != "auto" else "")
+            others[f"{label}: documents and queries"] = (other[: len(chunks)], other[len(chunks) :])
     embed_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     rows = evaluate(vectors, qvecs, k, rescore, {"float32, queries at bfloat16 (precision 'fast')": bf16_queries},
