@@ -128,6 +128,10 @@ class EmbedWorker(StagedWorkerLoop):
         # A bulk pass on the CPU lets queued queries run between its layers (engine/yield_points.py).
         self.yield_points = _yield_points(engine) if both else 0
         self.scheduler.yield_points = max(1, self.yield_points)
+        if both and engine.runner.path.startswith("openvino"):
+            log.warning("online_waits_for_bulk_passes", path=engine.runner.path,
+                        why="an OpenVINO pass does not yield between layers: a query waits for the whole bulk pass "
+                            "ahead of it; run online lanes on backend auto (packed) and bulk on openvino")
         self._served_between_s = 0.0  # time the current bulk pass spent serving online work at its checkpoints
         self._online_computing = False
         self._pass_wait_until = 0.0  # perf_counter until which a query arriving now waits for the running pass
