@@ -209,9 +209,9 @@ def _openvino_methods(model: str, threads: int, precisions: list[str]) -> list[t
         engine = Engine.from_name(model, settings)
         encoder = engine.runner.encoder
 
-        def run(texts: list[str], engine=engine, encoder=encoder) -> tuple[np.ndarray, int]:
+        def run(texts: list[str], embed=_embedstream(engine), encoder=encoder) -> tuple[np.ndarray, int]:
             before = encoder.padding_tokens
-            vectors, real = _embedstream(engine)(texts)
+            vectors, real = embed(texts)
             return vectors, real + encoder.padding_tokens - before
 
         label = {"float32": "fp32", "bfloat16": "bf16"}.get(precision, precision)

@@ -14,7 +14,6 @@ or that cannot run this model, becomes a :class:`Skipped` row with the reason.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 
 from embedstream.engine import calibrate
 from embedstream.engine.backends.linear import cpu_has_native_bf16
-from embedstream.engine.backends.openvino_encoder import export_onnx, nncf_int8
+from embedstream.engine.backends.openvino_encoder import export_onnx, missing, nncf_int8
 
 BATCH = 32
 RunFn = Callable[[list[str]], tuple[np.ndarray, int]]
@@ -43,8 +42,7 @@ class Skipped:
 
 
 def _missing(*modules: str) -> str | None:
-    absent = [m for m in modules if importlib.util.find_spec(m) is None]
-    return f"not installed: {', '.join(absent)} (pip install '.[bench]')" if absent else None
+    return missing(modules, "pip install '.[bench]'")
 
 
 def _unsupported(spec) -> str | None:

@@ -57,18 +57,23 @@ def _installed_package(folder: Path) -> bool:
     return False
 
 
+def _beside_model(folder: Path) -> bool:
+    """Whether a model's once-measured files may live in its own folder: writable and not pip's."""
+    return os.access(folder, os.W_OK) and not _installed_package(folder)
+
+
+def _user_cache(key: str) -> Path:
+    return Path(os.environ.get("EMBEDSTREAM_CALIBRATION_DIR", Path.home() / ".cache" / "embedstream" / "calibration")) / key
+
+
 def cache_file(folder: Path, key: str) -> Path:
-    """Next to the model when that folder is ours to write, else in the user's cache."""
-    if os.access(folder, os.W_OK) and not _installed_package(folder):
-        return folder / ".embedstream-calibration" / f"{key}.pt"
-    base = Path(os.environ.get("EMBEDSTREAM_CALIBRATION_DIR", Path.home() / ".cache" / "embedstream" / "calibration"))
-    return base / key / "activation-ranges.pt"
+    """The activation ranges: next to the model when that folder is ours to write, else in the user's cache."""
+    return folder / ".embedstream-calibration" / f"{key}.pt" if _beside_model(folder) else _user_cache(key) / "activation-ranges.pt"
 
 
 def artifacts_dir(folder: Path, key: str) -> Path:
-    """Where other once-per-model artefacts (an exported graph, a quantised model) live: beside the ranges."""
-    path = cache_file(folder, key)
-    return path.parent / key if path.parent.name == ".embedstream-calibration" else path.parent
+    """Where other once-per-model files live (an exported graph, a quantised model): beside the ranges."""
+    return folder / ".embedstream-calibration" / key if _beside_model(folder) else _user_cache(key)
 
 
 class RangeObserver:

@@ -192,9 +192,11 @@ class Engine:
         ``staged``: these items' batch, already packed and its device copy started (``embed`` stages batch i+1
         before running batch i, so on CUDA that copy runs under batch i's forward); else packed here, into
         pinned memory on CUDA (``runner.pack``) so its copy is asynchronous."""
-        batch = staged.batch if staged is not None else self.runner.pack([p.tokens for p in items])
+        if staged is None:
+            staged = self.runner.stage(self.runner.pack([p.tokens for p in items]))
+        batch = staged.batch
         ft = ForwardTimings()
-        pooled = self.runner.embed(staged if staged is not None else batch, ft).numpy()
+        pooled = self.runner.embed(staged, ft).numpy()
         vectors = np.empty_like(pooled)
         vectors[batch.order] = pooled
         timings.forward_ms += ft.forward_ms

@@ -47,10 +47,10 @@ EXTRA = "pip install 'embedstream[openvino]' (or '.[openvino]' in a checkout)"
 log = logs.get("embedstream.engine.openvino")
 
 
-def missing() -> str | None:
-    """Why the backend cannot load here (a package absent), else None."""
-    absent = [m for m in ("openvino", "onnx") if importlib.util.find_spec(m) is None]
-    return f"not installed: {', '.join(absent)} ({EXTRA})" if absent else None
+def missing(modules: tuple[str, ...] = ("openvino", "onnx"), install: str = EXTRA) -> str | None:
+    """Why the backend (or, with other ``modules``, a bench peer) cannot load here: a package absent, else None."""
+    absent = [m for m in modules if importlib.util.find_spec(m) is None]
+    return f"not installed: {', '.join(absent)} ({install})" if absent else None
 
 
 def supports(config, precision: str) -> str | None:
@@ -60,7 +60,7 @@ def supports(config, precision: str) -> str | None:
         return reason
     if precision == "bfloat16" and not cpu_has_native_bf16():
         return "bfloat16 needs a CPU with AVX512-BF16 or AMX (OpenVINO would emulate it)"
-    if precision == "int8" and importlib.util.find_spec("nncf") is None:
+    if precision == "int8" and missing(("nncf",)):
         return f"int8 needs nncf ({EXTRA})"
     return None
 
@@ -195,7 +195,6 @@ class OpenVINOEncoder:
         self.hidden_size = int(config.hidden_size)
         self.layers = int(config.num_hidden_layers)
         self.intermediate = int(config.intermediate_size)
-        self.head_dim = self.hidden_size // int(config.num_attention_heads)
         self.last_padding_tokens = 0
         self.padding_tokens = 0  # all batches' (bench engine's padding column)
         self.pad_limit = PAD_LIMIT
@@ -211,18 +210,16 @@ class OpenVINOEncoder:
         out = np.empty((batch.total_tokens, self.hidden_size), dtype=np.float32)
         padding = 0
         for first, end in length_groups(lengths, self.pad_limit):
-            width, rows = lengths[first], end - first
-            feed = {n: np.zeros((rows, width), dtype=np.int64) for n in ONNX_INPUTS}
-            for r in range(rows):
-                lo, hi = cu[first + r], cu[first + r + 1]
-                feed["input_ids"][r, : hi - lo] = ids[lo:hi]
-                feed["token_type_ids"][r, : hi - lo] = types[lo:hi]
-                feed["attention_mask"][r, : hi - lo] = 1
-            padding += rows * width - (cu[end] - cu[first])
-            hidden = self.request.infer({n: feed[n] for n in self.inputs})[self.compiled.output(0)]
-            for r in range(rows):
-                lo, hi = cu[first + r], cu[first + r + 1]
-                out[lo:hi] = hidden[r, : hi - lo]
+            width, lo, hi = lengths[first], cu[first], cu[end]
+            # The group's rows are consecutive in the packed order, so a row-major mask of the real positions
+            # lines up with the packed tokens: one scatter in, one gather out.
+            real = np.arange(width) < np.asarray(lengths[first:end])[:, None]
+            feed = {n: np.zeros(real.shape, dtype=np.int64) for n in ONNX_INPUTS}
+            feed["input_ids"][real] = ids[lo:hi]
+            feed["token_type_ids"][real] = types[lo:hi]
+            feed["attention_mask"][real] = 1
+            padding += real.size - (hi - lo)
+            out[lo:hi] = self.request.infer({n: feed[n] for n in self.inputs})[self.compiled.output(0)][real]
         self.last_padding_tokens = padding
         self.padding_tokens += padding
         return torch.from_numpy(out)
