@@ -112,6 +112,11 @@ class KafkaSettings(BaseModel):
         description="Consumer of the online lanes (queries and online chunks; rerank and search): librdkafka "
                     "fetches off the GIL (an echo round trip 2.1 vs 4.2 ms p50); kafka-python as the bulk lane",
     )
+    bulk_client: Literal["librdkafka", "kafka-python"] = Field(
+        default="kafka-python",
+        description="Consumer of the bulk lane (embed workers' bulk chunks): librdkafka parses fetches in native "
+                    "threads, off the GIL the model and output stages need",
+    )
     max_record_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1, description="Dead-letter a record value above this size without parsing it"
     )

@@ -55,15 +55,21 @@ class WorkerLoop:
         self.last_step = self.last_progress = time.monotonic()  # /healthz: liveness is progress
 
     def add_lane(self, name: str, topics: list[str], group: str, max_poll_records: int,
-                 full: Callable = lambda _q: False, online: bool = False, **consumer_extra) -> Lane:
-        """``online``: a latency lane, consumed with ``kafka.online_client``."""
+                 full: Callable = lambda _q: False, online: bool = False, librdkafka: bool | None = None,
+                 **consumer_extra) -> Lane:
+        """``online``: a latency lane, consumed with ``kafka.online_client``; otherwise ``kafka.bulk_client``
+        (unless ``librdkafka`` says which)."""
         check_kafka_access(self.kafka, self.tuning.access_check_timeout_s, topics=topics)
         lane = Lane(name, self.kafka, topics, group, self.outbox, worker_id=self.worker_id,
                     max_poll_records=max_poll_records, full=full, flush_timeout_s=self.tuning.flush_timeout_s,
                     join_timeout_s=self.tuning.join_timeout_s,
-                    librdkafka=online and self.kafka.online_client == "librdkafka", **consumer_extra)
+                    librdkafka=self._librdkafka(online) if librdkafka is None else librdkafka,
+                    **consumer_extra)
         self.lanes[name] = lane
         return lane
+
+    def _librdkafka(self, online: bool) -> bool:
+        return (self.kafka.online_client if online else self.kafka.bulk_client) == "librdkafka"
 
     # -- what subclasses provide ----------------------------------------------------------------
     def run_once(self) -> int:
