@@ -105,7 +105,8 @@ def test_bench_host_smoke(kafka_bootstrap):
 
     out = host_bench.run(chunks=300, processes=(1,), models=("tiny",), bootstrap=kafka_bootstrap, timeout_s=300)
     rows = {(r.path, r.events): r for r in out["rows"]}
-    assert set(rows) == {(p, e) for p in ("engine alone", "end to end") for e in ("text", "ids")}
+    assert set(rows) == {(p, e) for p in ("engine alone", "end to end") for e in ("text", "ids")} | {
+        (host_bench.PADDED_PATH, "text")}
     for row in rows.values():
         assert 0 < row.chunks <= 300 and row.chunks_per_s > 0 and row.tokens > row.chunks
     assert rows[("end to end", "ids")].rss_peak_mb > 0
