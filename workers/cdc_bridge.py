@@ -105,8 +105,7 @@ class CdcBridge(WorkerLoop):
         self.publisher = ChunkPublisher(self.kafka, lane=options.lane, collection=options.collection,
                                         create_topics=create_topics, producer_config=ORDERED_NOT_IDEMPOTENT)
         self.lane = self.add_lane(METRICS_LANE, [options.topic], options.group or self.kafka.group_cdc,
-                                  options.max_poll_records, librdkafka=False,
-                                  isolation_level="read_committed")  # Debezium with exactly-once writes in transactions
+                                  options.max_poll_records, librdkafka=False)  # read_committed, as every lane
 
     # -- one poll ------------------------------------------------------------------------------
     def run_once(self) -> int:

@@ -44,6 +44,8 @@ def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_reco
     return KafkaConsumer(
         **kafka.client_kwargs(),
         group_id=group,
+        # Aborted transactions never reach a worker (kafka-python reads them by default; librdkafka does not)
+        isolation_level="read_committed",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,
@@ -98,7 +100,13 @@ def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **co
     before the re-join. A failed synchronous commit keeps its offsets for the next call.
     """
     offsets = tracker.drain()
-    owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+    assigned = consumer.assignment()
+    for tp in assigned if wait else ():  # not inside a rebalance listener (kafka-python's IO thread)
+        key = (tp.topic, tp.partition)
+        past = None if tracker.in_flight(key) else tracker.past_skipped(key, consumer.position(tp, timeout_ms=0))
+        if past is not None:
+            offsets[key] = past
+    owned = {(tp.topic, tp.partition) for tp in assigned}
     commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
     if not commit:
         return

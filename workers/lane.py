@@ -249,11 +249,19 @@ class Lane:
         return assigned
 
     def keep_membership(self, timeout_ms: int = 50) -> None:
-        """Poll while held: the group keeps this member, nothing is fetched."""
-        self.consumer.poll(timeout_ms=timeout_ms)
+        """Poll while held: the group keeps this member, nothing is taken. A partition assigned during the
+        hold is paused too, and what it fetched is sought back, to be fetched again after ``release``
+        (an untracked record must never sit behind a position the lane may commit)."""
+        for tp, records in self.consumer.poll(timeout_ms=timeout_ms).items():
+            self.consumer.seek(tp, records[0].offset)
+        fresh = set(self.consumer.assignment()) - set(self.consumer.paused())
+        if fresh:
+            self.consumer.pause(*fresh)
 
     def release(self, held: list) -> None:
-        self.consumer.resume(*[tp for tp in held if tp in self.consumer.assignment()])
+        """Resume what ``hold`` paused and what was assigned during the hold (backpressure re-pauses if full)."""
+        assigned = self.consumer.assignment()
+        self.consumer.resume(*[tp for tp in {*held, *self.consumer.paused()} if tp in assigned])
         self.paused = False
 
     def reachable(self) -> bool:

@@ -20,6 +20,7 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._pending: dict[tuple[str, int], deque[list]] = {}
         self._committable: dict[tuple[str, int], int] = {}
+        self._drained: dict[tuple[str, int], int] = {}  # the last offset each partition's drain returned
 
     def track(self, topic: str, partition: int, offset: int) -> list:
         """Register a record at intake; returns its handle for ``done``."""
@@ -42,7 +43,22 @@ class OffsetTracker:
             while queue and queue[0][1]:
                 self._committable[tp] = queue.popleft()[0] + 1
         out, self._committable = self._committable, {}
+        self._drained.update(out)
         return out
+
+    def in_flight(self, tp: tuple[str, int]) -> bool:
+        """Some record of ``tp`` was handed out and not yet drained."""
+        return bool(self._pending.get(tp))
+
+    def past_skipped(self, tp: tuple[str, int], position: int | None) -> int | None:
+        """The consumer's ``position`` as the offset to commit, when it is past everything this tracker gave
+        out for ``tp`` and nothing of the partition is in flight: the offsets between were never delivered
+        (transaction markers, aborted records the client filtered out). Without it a partition whose log
+        ends in a commit marker never reaches lag 0. None otherwise."""
+        if position is None or self._pending.get(tp) or position <= self._drained.get(tp, -1):
+            return None
+        self._drained[tp] = position
+        return position
 
     def retry(self, offsets: dict[tuple[str, int], int]) -> None:
         """Put back drained offsets whose commit failed; the next drain returns them (or later ones)."""
@@ -61,6 +77,7 @@ class OffsetTracker:
                     unfinished[tp] = handle[0]
                 handle[2] = True
             self._committable.pop(tp, None)
+            self._drained.pop(tp, None)
         return unfinished
 
     def outstanding(self) -> int:

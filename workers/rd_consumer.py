@@ -156,6 +156,12 @@ class RdConsumer:
             return
         self._consumer.seek(RdPartition(tp.topic, tp.partition, offset))
 
+    def position(self, tp: TopicPartition, timeout_ms: int = 0) -> int | None:
+        """The offset of the next record this consumer will hand out (past skipped transaction markers), or
+        None while unknown."""
+        (found,) = self._consumer.position([RdPartition(tp.topic, tp.partition)])
+        return found.offset if found.offset >= 0 else None
+
     def lag(self) -> int:
         """Records behind the log end on the assigned partitions, from the last fetches (no broker call)."""
         parts = [RdPartition(tp.topic, tp.partition) for tp in self._assigned]

@@ -3,7 +3,9 @@ collection the source table describes."""
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import threading
 from collections import Counter
 
@@ -371,7 +373,8 @@ def test_a_change_the_broker_refuses_costs_that_change_only(kafka_bootstrap, min
                                         configs={"max.message.bytes": str(32 * 1024)})])
     admin.close()
     table = {str(i): row(i, f"Good {i}", _body(i, 2)) for i in (40, 41)}
-    refused = envelope("c", after=row(42, "Huge metadata", _body(42, 1), lang="x" * 60_000))
+    noise = base64.b64encode(random.Random(42).randbytes(45_000)).decode()  # 60,000 characters lz4 cannot shrink
+    refused = envelope("c", after=row(42, "Huge metadata", _body(42, 1), lang=noise))
     letter = _one_refused_between_good_ones(rig, table, (42, refused), small_chunker)
     assert letter.error.code == "write_rejected" and "MessageSizeTooLarge" in letter.error.message
     assert letter.raw_bytes() == raw(refused)

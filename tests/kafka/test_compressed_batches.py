@@ -1,4 +1,5 @@
-"""Record batches compressed with every codec Kafka defines are read by every consumer the workers run.
+"""What third-party producers put in a log, read by every consumer the workers run: record batches
+compressed with each codec Kafka defines, and transactions (aborted ones skipped, markers committed past).
 
 A producer picks its compression (librdkafka, the Java client and Debezium's Connect workers often use
 lz4, zstd or snappy); the worker must read them all. Found necessary: with kafka-python and no lz4
@@ -52,3 +53,42 @@ def test_the_bulk_lane_indexes_batches_in_every_codec(kafka_bootstrap, tiny_bert
         assert worker.failure is None
     assert {p.payload["doc_id"] for p in store.scroll("docs")} == {f"{c}-{i}" for c in CODECS for i in range(PER_CODEC)}
     assert not read_dead_letters(settings, 1, timeout_s=2)
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "librdkafka"])
+def test_the_bulk_lane_skips_aborted_transactions(kafka_bootstrap, tiny_bert_dir, client):
+    """A transactional producer's aborted chunks are never indexed; its committed ones are (read_committed,
+    as the online lanes and the CDC bridge read). Its commit markers take offsets, so the group commits
+    to the log end although fewer records than offsets reach the worker."""
+    settings = isolated_settings(kafka_bootstrap, f"txn{client[:5]}")
+    settings.kafka.bulk_client = client
+    ensure_topics(settings.kafka, partitions=1)
+    topic = settings.kafka.topic_chunks_bulk
+    producer = Producer(settings.kafka.librdkafka_config(**{"transactional.id": f"txn-{topic}", "acks": "all"}))
+    producer.init_transactions(30)
+    for outcome in ("aborted", "committed", "aborted-again", "committed-again"):
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce(topic, key=b"k", value=encode(ChunkEvent(doc_id=f"{outcome}-{i}", chunk_id=0,
+                                                                      text=f"an {outcome} chunk {i}")))
+        producer.flush(30)
+        (producer.abort_transaction if outcome.startswith("aborted") else producer.commit_transaction)(30)
+    store = memory_store()
+    with RunningWorker(settings, make_engine(tiny_bert_dir), store, lanes=("bulk",)) as worker:
+        count = lambda: store.count("docs") if store.collection_exists("docs") else 0  # noqa: E731
+        wait_for(lambda: count() >= 6, 60, "the committed chunks indexed")
+        end = _log_end(settings, topic)
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == end, 60, "offsets at the log end")
+        assert worker.failure is None
+    assert {p.payload["doc_id"] for p in store.scroll("docs")} == {
+        f"{outcome}-{i}" for outcome in ("committed", "committed-again") for i in range(3)}
+
+
+def _log_end(settings, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(settings.kafka.librdkafka_config(**{"group.id": f"probe-{topic}"}))
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()

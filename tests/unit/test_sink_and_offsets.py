@@ -81,6 +81,23 @@ def test_only_a_contiguous_finished_prefix_is_committable():
     assert tracker.outstanding() == 0
 
 
+def test_the_position_is_committed_past_skipped_offsets_only_when_nothing_is_in_flight():
+    """Offsets the client never delivers (a transaction's commit marker, aborted records) are committed past
+    once everything delivered before them is finished, and never over a record still in flight."""
+    t = OffsetTracker()
+    tp = ("chunks", 0)
+    h = t.track("chunks", 0, 10)
+    assert t.past_skipped(tp, 12) is None  # offset 10 is in flight
+    t.done(h)
+    assert t.drain() == {tp: 11}
+    assert t.past_skipped(tp, 11) is None  # nothing skipped: already drained to 11
+    assert t.past_skipped(tp, None) is None  # position unknown
+    assert t.past_skipped(tp, 12) == 12  # offset 11 was a marker
+    assert t.past_skipped(tp, 12) is None  # committed once
+    t.forget({tp})
+    assert t.past_skipped(tp, 12) == 12  # a partition assigned again starts afresh
+
+
 def test_the_sink_hashes_the_text_itself_and_ignores_the_producers_hash(minilm_engine):
     """New text under the old content_hash (a stale or lying producer) is not skipped as unchanged."""
     import hashlib
