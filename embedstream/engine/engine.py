@@ -9,7 +9,7 @@ calls ``embed``/``score``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,6 +186,10 @@ class Engine:
         norm = request.normalize if request.normalize is not None else self.spec.normalize
         return Prepared(request, tok, norm)
 
+    def _staged(self, token_groups: Iterable[list[Tokenized]]) -> Iterator[StagedBatch]:
+        """Each group packed and staged one ahead of the group being run (see ``forward``)."""
+        return staged_ahead(self.runner.stage, (self.runner.pack(tokens) for tokens in token_groups))
+
     def forward(self, items: list[Prepared], timings: StageTimings, staged: StagedBatch | None = None) -> np.ndarray:
         """One packed forward pass over items that fit one batch; float32 [N, D] in item order.
 
@@ -241,8 +245,7 @@ class Engine:
                 results[i] = EmbedResult(requests[i].id, error=p)
         groups = [[good[g] for g in group] for group in pack([len(prepared[i].tokens) for i in good], self.limits,
                                                               sort_by_length)]
-        packed = (self.runner.pack([prepared[i].tokens for i in idx]) for idx in groups)
-        for idx, staged in zip(groups, staged_ahead(self.runner.stage, packed)):
+        for idx, staged in zip(groups, self._staged([prepared[i].tokens for i in idx] for idx in groups)):
             vectors = self.forward([prepared[i] for i in idx], timings, staged)
             for row, i in enumerate(idx):
                 results[i] = self.finish(prepared[i], vectors[row])
@@ -273,8 +276,7 @@ class Engine:
                 ready.append((i, tok))
         timings.tokenize_ms += (time.perf_counter() - start) * 1000
         groups = [[ready[g] for g in group] for group in pack([len(t) for _, t in ready], self.limits, sort_by_length)]
-        packed = (self.runner.pack([t for _, t in members]) for members in groups)
-        for members, staged in zip(groups, staged_ahead(self.runner.stage, packed)):
+        for members, staged in zip(groups, self._staged([t for _, t in members] for members in groups)):
             batch = staged.batch
             ft = ForwardTimings()
             scores = self.runner.score(staged, ft).tolist()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 from conftest import isolated_settings, make_engine, memory_store, read_dead_letters, wait_for
-from fault_rig import _committed
+from fault_rig import _committed, _committed_to_the_end
 from worker_rig import RunningWorker
 
 from embedstream.producers.topics import ensure_topics
@@ -77,18 +77,8 @@ def test_the_bulk_lane_skips_aborted_transactions(kafka_bootstrap, tiny_bert_dir
     with RunningWorker(settings, make_engine(tiny_bert_dir), store, lanes=("bulk",)) as worker:
         count = lambda: store.count("docs") if store.collection_exists("docs") else 0  # noqa: E731
         wait_for(lambda: count() >= 6, 60, "the committed chunks indexed")
-        end = _log_end(settings, topic)
-        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == end, 60, "offsets at the log end")
+        _committed_to_the_end(settings, topic, settings.kafka.group_bulk)
         assert worker.failure is None
     assert {p.payload["doc_id"] for p in store.scroll("docs")} == {
         f"{outcome}-{i}" for outcome in ("committed", "committed-again") for i in range(3)}
 
-
-def _log_end(settings, topic: str) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(settings.kafka.librdkafka_config(**{"group.id": f"probe-{topic}"}))
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
-    finally:
-        consumer.close()
