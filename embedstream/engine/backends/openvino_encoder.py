@@ -39,6 +39,8 @@ from embedstream.engine.packed import PackedBatch
 # Most of a length group that may be padding. MiniLM, 600 bench texts, 1 thread, medians of 3 (tok/s, padding):
 # 0.0: fp32 3,967 (0%), int8 8,873; 0.02: 3,947 (1.8%), 9,116; 0.05: 3,892 (4.2%), 8,492; 0.10: 3,757 (6.3%),
 # 8,753; 0.20: 3,673 (8.3%), 8,608. OpenVINO's per-call cost is small next to padded FLOPs: keep groups tight.
+# Larger groups do not help two threads either: fp32 at 2 threads, max_batch_tokens 8,192 / 16,384 / 32,768 /
+# 65,536 (groups up to that many tokens): 6,964 / 6,843 / 7,161 / 6,850 tok/s, one run (73% of the fp32 peak).
 PAD_LIMIT = 0.02
 NNCF_CALIBRATION_TEXTS = 300
 ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -135,9 +137,26 @@ def nncf_int8(spec, onnx_path: Path, keep_float: tuple[str, ...] = FFN, recipe: 
     FFN down + up (this recipe)   0.9986        4.9e-4        4.72 s  0.976
     ============================  ============  ============  ======  =========
 
-    Still short of the packed int8's 0.9805 recall; OpenVINO bf16 took 5.6 s. ``keep_float``: node name
-    patterns left unquantised (``()``: NNCF's own preset, as ``bench engine``'s OpenVINO peer row runs it),
-    ``recipe`` names the cached file. Cached next to the ONNX file; returns the OpenVINO model."""
+    Still short of the packed int8's 0.9805 recall; OpenVINO bf16 took 5.6 s. OpenVINO's per-token kind of
+    int8 does not keep recall either: int8 weights (``nncf.compress_weights``, per channel) with activations
+    quantised at run time per group of ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` input channels, bf16 elsewhere.
+    One run, 2 threads, the same length groups:
+
+    =========================  =========  ========  =========
+    int8 kind                  tok/s      min cos   recall@10
+    =========================  =========  ========  =========
+    this recipe                13,495     0.9986    0.976
+    dynamic, groups of 64      13,583     0.9982    0.966
+    dynamic, groups of 128     15,812     0.9979    0.957
+    dynamic, groups of 384     16,275     0.9948    0.947
+    NNCF's preset (all int8)   18,471     0.9911    -
+    =========================  =========  ========  =========
+
+    (min cos over the 600 bench texts; recall from ``bench quality``'s corpus, this recipe's from an earlier
+    run.) No OpenVINO kind measured reaches 0.98; only the packed path's int8 does, at about half this speed.
+
+    ``keep_float``: node name patterns left unquantised (``()``: NNCF's own preset, as ``bench engine``'s
+    OpenVINO peer row runs it), ``recipe`` names the cached file. Cached next to the ONNX file; returns the OpenVINO model."""
     import openvino as ov
 
     path = onnx_path.with_name(f"openvino-int8-{recipe}.xml")
