@@ -156,7 +156,8 @@ def nncf_int8(spec, onnx_path: Path, keep_float: tuple[str, ...] = FFN, recipe: 
     run.) No OpenVINO kind measured reaches 0.98; only the packed path's int8 does, at about half this speed.
 
     ``keep_float``: node name patterns left unquantised (``()``: NNCF's own preset, as ``bench engine``'s
-    OpenVINO peer row runs it), ``recipe`` names the cached file. Cached next to the ONNX file; returns the OpenVINO model."""
+    OpenVINO peer row runs it), ``recipe`` names the cached file. Cached next to the ONNX file; returns the
+    OpenVINO model."""
     import openvino as ov
 
     path = onnx_path.with_name(f"openvino-int8-{recipe}.xml")
