@@ -280,6 +280,15 @@ class RerankWorker(WorkerLoop):
                 pairs += [ScoreRequest((pos, i), item.request.query, c.text) for i, c in enumerate(item.candidates)]
             elif item.request.rerank:
                 pairs += Searcher.score_requests(item.request, retrieved[pos], key=pos)
+        # The last look, at the pass's door: a thread that lost the GIL after the check above can find a deadline
+        # gone (a CI run scored one request after its deadline); only the clock is read, nothing predicted.
+        now = now_ms()
+        gone = {pos for pos in served if live[pos].pairs and live[pos].deadline_ms and live[pos].deadline_ms <= now}
+        if gone:
+            for pos in gone:  # expired_in_queue, counted by the controller as every shed
+                self._shed(live[pos], self._late(live[pos], now, 0, 0, queued=False, retrieval_left=False))
+            served = [pos for pos in served if pos not in gone]
+            pairs = [p for p in pairs if p.id[0] not in gone]
         results: dict[int, dict[int, ScoreResult]] = {pos: {} for pos in served}
         timings = StageTimings()
         rerank_ms = 0.0
