@@ -29,7 +29,8 @@ def run_until_signalled(worker: WorkerLoop, metrics_port: int | None, host: str 
     if metrics_port:
         checks = {"model": lambda: worker.ready.is_set(), **worker.readiness_checks()}
         server = serve(metrics_port, worker.metrics.registry, alive=lambda: thread.is_alive(), checks=checks,
-                       host=host or worker.tuning.health_host, stalled=worker.stalled)
+                       host=host or worker.tuning.health_host, stalled=worker.stalled,
+                       details=worker.readiness_details)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     sys.setswitchinterval(worker.tuning.gil_switch_interval_ms / 1000)
