@@ -30,7 +30,7 @@ def worker_embed(
                                      "rerank requests are left to the rerank workers while any run)"),
 ) -> None:
     """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
-    from embedstream.workers.runtime import build_embed_worker, open_settings_store
+    from embedstream.workers.runtime import build_embed_worker
     from embedstream.workers.serve import run_until_signalled
 
     settings = Settings()
@@ -45,13 +45,12 @@ def worker_embed(
     bad = [lane for lane in chosen if lane not in ("online", "bulk")]
     if bad or not chosen:
         raise typer.BadParameter(f"lanes must be online and/or bulk, got {lanes!r}")
-    store = open_settings_store(settings)
-    worker = build_embed_worker(settings, chosen, model, store=store)
+    worker = build_embed_worker(settings, chosen, model)
     companions = ()
-    if search:
+    if search:  # on the store the worker writes: the embedded one belongs to this process
         from embedstream.workers.vector_search import VectorSearchWorker
 
-        companions = (VectorSearchWorker(settings, store, worker.engine.spec.name, worker.metrics),)
+        companions = (VectorSearchWorker(settings, worker.sink.store, worker.engine.spec.name, worker.metrics),)
     run_until_signalled(worker, metrics_port or None, companions=companions)
 
 
