@@ -21,10 +21,12 @@ _CHATTY_LIBRARIES = ("kafka", "httpx", "httpcore")
 
 #: Library records that are not the user's business, by logger and message start: demoted to DEBUG (kept
 #: when the level is DEBUG, gone otherwise). kafka-python warns on every consumer made without a group
-#: (the topic probes, the lag monitor); torch on importing its flop counter without triton (CPU hosts).
+#: (the topic probes, the lag monitor) and when its IO loop waited for the GIL; torch on importing its flop
+#: counter without triton (CPU hosts).
 _DEMOTED = {
     "kafka.coordinator.consumer": ("group_id is None",),
     "torch.utils.flop_counter": ("triton not found",),
+    "kafka.net.selector": ("Task ",),  # "... ran for 0.694s (>0.100s threshold)": its IO loop on a busy host
 }
 
 #: Extras libraries attach for their own formatters (uvicorn's ANSI-coloured copy of the message).
