@@ -109,7 +109,7 @@ def test_the_pipeline_quick_start(fresh, order):
         if order == "readme":
             produce()
         reply = json.loads(run(["query", "how do I read a file?"], env).stdout)
-        assert reply["error"] is None and reply["dimensions"] == 384
+        assert reply["error"] is None and reply["dims"] == 384
         wait_until(lambda: "files.txt" in _search_hits(env, "how do I read a file?"), 120,
                    "the bulk chunks indexed and searchable", (worker,))
 
