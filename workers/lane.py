@@ -167,9 +167,9 @@ class Lane:
                 ensure_topics(self.kafka, topics=creatable)
                 missing = missing_topics(self.kafka, self.topics)
             except KafkaError as exc:  # no CREATE right, a creation policy: wait for someone who may
-                self._may_create = False
+                self._may_create = exc.retriable  # a timeout: try again at the next check
                 log.warning("cannot create topics; waiting for them", lane=self.name, topics=creatable,
-                            error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                            error=f"{type(exc).__name__}: {str(exc)[:300]}", retrying=exc.retriable)
         present = [topic for topic in self.topics if topic not in missing]
         if present != self.subscribed:
             subscribe(self.consumer, present, _Rebalance(self))

@@ -25,7 +25,7 @@ from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.offsets import OffsetTracker
-from embedstream.workers.search import Searcher, kafka_embedder
+from embedstream.workers.search import Searcher, SearchError, kafka_embedder
 from embedstream.workers.trust import TrustError, TrustPolicy, admit
 
 log = logs.get("embedstream.worker")
@@ -97,7 +97,11 @@ class VectorSearchWorker(WorkerLoop):
             if request.rerank and self.rerankers.running():
                 OffsetTracker.done(handle)  # the rerank workers answer it
                 continue
-            reply = self.searcher.search(request.model_copy(update={"rerank": False}))
+            try:
+                reply = self.searcher.search(request.model_copy(update={"rerank": False}))
+            except Exception as exc:  # noqa: BLE001 - a failing store or client fails this search, not the worker
+                log.warning("search failed", request_id=request.request_id, error=str(exc)[:300])
+                reply = self._refused(request, SearchError("search_failed", f"{type(exc).__name__}: {str(exc)[:500]}"))
             self.lane.reply(record, request, reply, handle)
         if records:
             self.commit()
@@ -105,7 +109,7 @@ class VectorSearchWorker(WorkerLoop):
         return len(records)
 
     @staticmethod
-    def _refused(request: SearchRequest, err: TrustError):
+    def _refused(request: SearchRequest, err: TrustError | SearchError):
         from embedstream.schemas.rerank import SearchReply
 
         return SearchReply(request_id=request.request_id, error=err.to_error_info(), timings_ms={})
