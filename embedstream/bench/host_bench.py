@@ -209,7 +209,7 @@ class _Worker:
                "EMBEDSTREAM_ENGINE__THREADS": "1"}
         with open(self.log_path, "wb") as log:  # a file, not a pipe: never blocks the worker
             self.proc = subprocess.Popen([sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", "bulk",
-                                          "--model", model, "--metrics-port", str(self.port)],
+                                          "--model", model, "--metrics-port", str(self.port), "--no-search"],
                                          env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def assigned(self) -> list[str] | None:

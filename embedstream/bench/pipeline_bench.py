@@ -72,7 +72,7 @@ def _worker(lanes: str, env: dict, log_dir: str, nice: int = 0) -> subprocess.Po
     """A worker process; ``nice`` lowers a bulk deployment's CPU priority below the online one."""
     log = open(os.path.join(log_dir, f"worker-{lanes}.log"), "wb")  # a file, not a pipe: never blocks the worker
     return subprocess.Popen([sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", lanes,
-                             "--metrics-port", "0", "--nice", str(nice)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--metrics-port", "0", "--nice", str(nice), "--no-search"], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _wait_ready(log_dir: str, lanes: list[str], timeout_s: float = 300) -> None:
