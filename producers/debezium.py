@@ -18,6 +18,9 @@ configured text fields joined by a blank line; metadata the configured metadata 
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +44,7 @@ CdcErrorCode = Literal[
     "invalid_metadata",  # the metadata fields break the wire's metadata bounds (depth, keys, size)
     "non_text_field",  # a configured text field holds something other than a string
     "truncate_refused",  # a table truncate, refused by configuration (set by the bridge)
+    "unavailable_value",  # the source left a field out (an unchanged TOASTed value) and no earlier record has it
 ]
 
 
@@ -60,6 +64,8 @@ class CdcConfig:
     id_field: str
     text_fields: tuple[str, ...]
     metadata_fields: tuple[str, ...] = ()
+    #: what the connector sends for a value it could not read (Debezium's unavailable.value.placeholder)
+    unavailable_placeholder: str = "__debezium_unavailable_value"
 
     def __post_init__(self) -> None:
         if not self.id_field:
@@ -74,7 +80,9 @@ class Change:
 
     ``op`` is the Debezium op, or ``"tombstone"`` for a null value. For c / r / u ``text`` is the
     document's new text; ``previous_doc_id`` is set when an update moved the row to another id
-    (the old id's chunks must go). ``doc_id`` is None only for a truncate.
+    (the old id's chunks must go). ``doc_id`` is None only for a truncate. A change with
+    ``unavailable`` fields has no text yet and lacks those metadata fields: :func:`complete` fills
+    them in from the document's previous record, and only then may it be applied.
     """
 
     op: str
@@ -83,6 +91,8 @@ class Change:
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
     previous_doc_id: str | None = None
+    fields: dict[str, str | None] = field(default_factory=dict)  # the text fields by name (None: null/missing)
+    unavailable: tuple[str, ...] = ()  # text or metadata fields the source did not send (see complete())
 
     @property
     def is_upsert(self) -> bool:
@@ -124,29 +134,78 @@ def parse_change(key: bytes | str | None, value: bytes | str | None, config: Cdc
     if doc_id is None:
         doc_id = _id_from_key(key, config)
     previous = _id_from_row(before, config) if before is not None else None
+    unavailable = tuple(name for name in (*config.text_fields, *config.metadata_fields)
+                        if _is_placeholder(_lookup(after, name, None), config.unavailable_placeholder))
     metadata = {name: value for name in config.metadata_fields
-                if (value := _lookup(after, name, _MISSING)) is not _MISSING}
+                if name not in unavailable and (value := _lookup(after, name, _MISSING)) is not _MISSING}
     if source:
         metadata[SOURCE_KEY] = source
     refused = metadata_refusal(metadata)
     if refused:
         raise CdcError("invalid_metadata", f"metadata fields {list(config.metadata_fields)}: {refused}")
-    return Change(op, doc_id, document_text(after, config.text_fields), metadata, source,
-                  previous if previous is not None and previous != doc_id else None)
+    fields = {name: _text_field(after, name) for name in config.text_fields if name not in unavailable}
+    text = None if any(name in unavailable for name in config.text_fields) else join_fields(fields, config.text_fields)
+    return Change(op, doc_id, text, metadata, source, previous if previous is not None and previous != doc_id else None,
+                  fields, unavailable)
+
+
+def complete(change: Change, previous: Mapping[str, Any] | None, config: CdcConfig) -> Change:
+    """``change`` with its unavailable fields taken from the document's previous documents-log record
+    (``{"text", "metadata", "fields"}``, None when there is none); raises ``unavailable_value`` when the
+    record does not have them, so nothing the source did not send is ever indexed."""
+    if not change.unavailable:
+        return change
+    known = dict((previous or {}).get("fields") or {})
+    if previous is not None and not known and len(config.text_fields) == 1:  # one text field: the text is it
+        known = {config.text_fields[0]: previous.get("text") or None}
+    old_metadata = (previous or {}).get("metadata") or {}
+    fields, metadata, missing = dict(change.fields), dict(change.metadata), []
+    for name in change.unavailable:
+        if name in config.text_fields and name in known:
+            fields[name] = known[name]
+        elif name not in config.text_fields and name in old_metadata:
+            metadata[name] = old_metadata[name]
+        else:
+            missing.append(name)
+    if missing:
+        where = "no earlier record of the document" if previous is None else "its earlier record lacks them"
+        raise CdcError("unavailable_value", f"the source did not send {missing} (unchanged values PostgreSQL keeps "
+                                            f"out of line: TOAST) and {where}; the index keeps the document as it "
+                                            "was (REPLICA IDENTITY FULL makes PostgreSQL log every value)")
+    ordered = {name: fields.get(name) for name in config.text_fields}
+    metadata = {name: metadata[name] for name in (*config.metadata_fields, SOURCE_KEY) if name in metadata}
+    return dataclasses.replace(change, text=join_fields(ordered, config.text_fields), metadata=metadata,
+                               fields=ordered, unavailable=())
 
 
 def document_text(row: Mapping[str, Any], text_fields: Sequence[str]) -> str:
     """The text fields joined by a blank line; missing, null and blank fields are skipped."""
-    parts = []
-    for name in text_fields:
-        value = _lookup(row, name, None)
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise CdcError("non_text_field", f"text field {name!r} holds {_kind(value)}, not a string")
-        if value.strip():
-            parts.append(value)
-    return TEXT_SEPARATOR.join(parts)
+    return join_fields({name: _text_field(row, name) for name in text_fields}, text_fields)
+
+
+def join_fields(fields: Mapping[str, str | None], text_fields: Sequence[str]) -> str:
+    """The text: the fields in configured order, joined by a blank line; null and blank ones skipped."""
+    return TEXT_SEPARATOR.join(v for name in text_fields if (v := fields.get(name)) is not None and v.strip())
+
+
+def _text_field(row: Mapping[str, Any], name: str) -> str | None:
+    value = _lookup(row, name, None)
+    if value is not None and not isinstance(value, str):
+        raise CdcError("non_text_field", f"text field {name!r} holds {_kind(value)}, not a string")
+    return value
+
+
+def _is_placeholder(value: Any, placeholder: str) -> bool:
+    """Debezium's stand-in for a value it could not read: the text itself, in a one-item array (array
+    columns), or base64 of its bytes (binary columns)."""
+    if isinstance(value, list):
+        return len(value) == 1 and _is_placeholder(value[0], placeholder)
+    return isinstance(value, str) and (value == placeholder or value == _base64(placeholder))
+
+
+@functools.lru_cache(maxsize=8)
+def _base64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def unwrap(obj: Any) -> Any:

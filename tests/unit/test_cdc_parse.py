@@ -27,7 +27,7 @@ from cdc_events import CONFIG, MONGO, MONGO_SOURCE, OID, SOURCE, envelope, key, 
 def test_create_with_and_without_schema_wrapper(wrap):
     change = parse_change(raw(key(7, wrap=wrap)), raw(envelope("c", after=row(7, "Title", "Body"), wrap=wrap)), CONFIG)
     assert change == Change("c", "7", "Title\n\nBody", {"lang": "en", "cdc_source": "shop.public.articles"},
-                            "shop.public.articles")
+                            "shop.public.articles", fields={"title": "Title", "body": "Body"})
     assert change.is_upsert and not change.is_delete
 
 
@@ -151,7 +151,7 @@ class RecordingPublisher:
     def __init__(self):
         self.calls: list[tuple] = []
 
-    def publish_chunks(self, document, chunks, trim=True, record=False, ids=None):
+    def publish_chunks(self, document, chunks, trim=True, record=False, ids=None, fields=None):
         self.calls.append(("chunks", document.doc_id, document.text, document.metadata, list(chunks), trim, record))
         self.ids = ids
         return len(chunks)

@@ -20,8 +20,10 @@ GROUPS = {
          "dev", "schemas"},
     ("worker",): {"embed", "rerank", "cdc"},
     ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway", "latency", "host", "transport"},
-    ("dev",): {"kafka"},
+    ("dev",): {"kafka", "postgres", "connect"},
     ("dev", "kafka"): {"start", "restart", "stop", "status"},
+    ("dev", "postgres"): {"start", "stop", "status"},
+    ("dev", "connect"): {"start", "stop", "status"},
     ("schemas",): {"export"},
 }
 
