@@ -19,7 +19,10 @@ configured text fields joined by a blank line; metadata the configured metadata 
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
+import datetime
+import decimal
 import functools
 import json
 from collections.abc import Mapping, Sequence
@@ -31,6 +34,14 @@ from embedstream.schemas.bounds import doc_id_refusal, metadata_refusal
 
 UPSERT_OPS = frozenset({"c", "r", "u"})
 KNOWN_OPS = frozenset({"c", "r", "u", "d", "t"})
+SKIPPED_KINDS = frozenset({"heartbeat", "transaction", "schema_change"})  # records that change no document
+FLAT_OP, FLAT_DELETED = "__op", "__deleted"  # ExtractNewRecordState's add.fields=op and rewrite delete marker
+DECIMAL_TYPES = frozenset({"org.apache.kafka.connect.data.Decimal"})
+#: epoch-based logical types: unit in microseconds, and whether a time of day goes with the date
+EPOCH_TYPES = {"io.debezium.time.Date": (86_400_000_000, False), "org.apache.kafka.connect.data.Date": (86_400_000_000, False),
+               "io.debezium.time.Timestamp": (1000, True), "org.apache.kafka.connect.data.Timestamp": (1000, True),
+               "io.debezium.time.MicroTimestamp": (1, True)}
+EPOCH = datetime.datetime(1970, 1, 1)
 TEXT_SEPARATOR = "\n\n"
 SOURCE_KEY = "cdc_source"
 
@@ -102,18 +113,33 @@ class Change:
     def is_delete(self) -> bool:
         return self.op in ("d", "tombstone")
 
+    @property
+    def is_skipped(self) -> bool:
+        return self.op in SKIPPED_KINDS
+
 
 def parse_change(key: bytes | str | None, value: bytes | str | None, config: CdcConfig) -> Change:
-    """Parse one Kafka record of a Debezium topic; raises CdcError when it cannot be applied."""
-    envelope = _load(value, "value")
+    """Parse one Kafka record of a Debezium topic; raises CdcError when it cannot be applied.
+
+    Besides change events it recognises the records that change no document and returns them as a
+    Change whose op is in SKIPPED_KINDS: heartbeats, transaction metadata (BEGIN / END) and
+    schema-change records."""
+    wrapped = _load(value, "value", unwrap_payload=False)
+    envelope, schema = unwrap(wrapped), _schema(wrapped)
     if envelope is None:  # tombstone: only the key says which document
         return Change("tombstone", _id_from_key(key, config))
     if not isinstance(envelope, dict):
         raise CdcError("malformed_json", f"the value must be a JSON object, got {_kind(envelope)}")
     op = envelope.get("op")
     if op is None:
-        raise CdcError("invalid_envelope", "no 'op' field: not a Debezium change event envelope "
-                                           "(records flattened by ExtractNewRecordState are not supported)")
+        skipped = _skipped_kind(envelope)
+        if skipped is not None:
+            return Change(skipped, None)
+        if FLAT_OP in envelope or FLAT_DELETED in envelope:
+            return _flattened(key, envelope, schema, config)
+        raise CdcError("invalid_envelope", "no 'op' field: not a Debezium change event envelope (a record flattened "
+                                           f"by ExtractNewRecordState needs {FLAT_OP} or {FLAT_DELETED}: set its "
+                                           "add.fields=op or delete.tombstone.handling.mode=rewrite[-with-tombstone])")
     if not isinstance(op, str) or op not in KNOWN_OPS:
         raise CdcError("unknown_op", f"op {json.dumps(op)} is not one of c, r, u, d, t")
     source = _source_name(envelope.get("source"))
@@ -130,13 +156,35 @@ def parse_change(key: bytes | str | None, value: bytes | str | None, config: Cdc
         hint = " (MongoDB: set capture.mode to a *_update_full mode so updates carry the whole document)" \
             if "patch" in envelope or "updateDescription" in envelope else ""
         raise CdcError("missing_after", f"op {op!r} event has no 'after' row{hint}")
+    return _upsert(op, key, before, after, source, _row_types(schema, "after"), config)
+
+
+def _flattened(key, row: dict[str, Any], schema: Any, config: CdcConfig) -> Change:
+    """A record of the ExtractNewRecordState transform: the row itself, plus ``__op`` (add.fields=op) and/or
+    ``__deleted`` (delete.tombstone.handling.mode=rewrite*); ``__db`` / ``__schema`` / ``__table`` when
+    add.fields names them."""
+    op = row.get(FLAT_OP)
+    deleted = str(row.get(FLAT_DELETED, "false")).lower() == "true"
+    if op is not None and op not in KNOWN_OPS:
+        raise CdcError("unknown_op", f"{FLAT_OP} {json.dumps(op)} is not one of c, r, u, d, t")
+    source = ".".join(str(row[k]) for k in ("__db", "__schema", "__table") if row.get(k)) or None
+    if op == "t":
+        return Change("t", None, source=source)
+    if deleted or op == "d":
+        doc_id = _id_from_row(row, config)
+        return Change("d", doc_id if doc_id is not None else _id_from_key(key, config), source=source)
+    return _upsert(op or "u", key, None, row, source, _row_types(schema, None), config)
+
+
+def _upsert(op: str, key, before: dict | None, after: dict[str, Any], source: str | None,
+            types: Mapping[str, dict], config: CdcConfig) -> Change:
     doc_id = _id_from_row(after, config)
     if doc_id is None:
         doc_id = _id_from_key(key, config)
     previous = _id_from_row(before, config) if before is not None else None
     unavailable = tuple(name for name in (*config.text_fields, *config.metadata_fields)
                         if _is_placeholder(_lookup(after, name, None), config.unavailable_placeholder))
-    metadata = {name: value for name in config.metadata_fields
+    metadata = {name: logical_value(value, types.get(name)) for name in config.metadata_fields
                 if name not in unavailable and (value := _lookup(after, name, _MISSING)) is not _MISSING}
     if source:
         metadata[SOURCE_KEY] = source
@@ -147,6 +195,27 @@ def parse_change(key: bytes | str | None, value: bytes | str | None, config: Cdc
     text = None if any(name in unavailable for name in config.text_fields) else join_fields(fields, config.text_fields)
     return Change(op, doc_id, text, metadata, source, previous if previous is not None and previous != doc_id else None,
                   fields, unavailable)
+
+
+def logical_value(value: Any, field_schema: Mapping[str, Any] | None) -> Any:
+    """A value as the converter's schema says to read it (schemas.enable=true): a Decimal's base64 bytes ->
+    the number (a float when that is exact, else its decimal string); epoch dates and timestamps -> ISO-8601.
+    Without a schema a value stays as sent (set decimal.handling.mode=string or double for readable numbers)."""
+    name = (field_schema or {}).get("name")
+    if value is None or name is None:
+        return value
+    try:
+        if name in DECIMAL_TYPES and isinstance(value, str):
+            scale = int(((field_schema or {}).get("parameters") or {}).get("scale", 0))
+            exact = decimal.Decimal(int.from_bytes(base64.b64decode(value), "big", signed=True)).scaleb(-scale)
+            return float(exact) if decimal.Decimal(repr(float(exact))) == exact else str(exact)
+        if name in EPOCH_TYPES and isinstance(value, int) and not isinstance(value, bool):
+            unit, with_date = EPOCH_TYPES[name]
+            moment = EPOCH + datetime.timedelta(microseconds=value * unit)
+            return moment.date().isoformat() if not with_date else moment.isoformat()
+    except (ValueError, TypeError, OverflowError, binascii.Error):
+        return value
+    return value
 
 
 def complete(change: Change, previous: Mapping[str, Any] | None, config: CdcConfig) -> Change:
@@ -250,7 +319,7 @@ def from_extended_json(value: Any) -> Any:
 _MISSING = object()
 
 
-def _load(raw: bytes | str | None, what: str) -> Any:
+def _load(raw: bytes | str | None, what: str, unwrap_payload: bool = True) -> Any:
     """JSON of a key or value, unwrapped; None for a null/empty record or a null payload."""
     if raw is None or len(raw) == 0:
         return None
@@ -258,7 +327,33 @@ def _load(raw: bytes | str | None, what: str) -> Any:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CdcError("malformed_json", f"the record {what} is not valid UTF-8 JSON: {exc}") from None
-    return unwrap(obj)
+    return unwrap(obj) if unwrap_payload else obj
+
+
+def _schema(obj: Any) -> Any:
+    """The converter's schema of a ``{"schema", "payload"}`` record; None without one."""
+    return obj.get("schema") if isinstance(obj, dict) and "payload" in obj and len(obj) == 2 else None
+
+
+def _row_types(schema: Any, part: str | None) -> dict[str, dict]:
+    """Field name -> field schema of the row (the envelope's ``part`` struct, or the schema itself)."""
+    if not isinstance(schema, dict):
+        return {}
+    if part is not None:
+        schema = next((f for f in schema.get("fields") or () if isinstance(f, dict) and f.get("field") == part), {})
+    return {f["field"]: f for f in schema.get("fields") or () if isinstance(f, dict) and "field" in f}
+
+
+def _skipped_kind(value: dict[str, Any]) -> str | None:
+    """What a record that is not a change event is: a heartbeat ({"ts_ms"} only), transaction metadata
+    (status BEGIN / END), a schema change (ddl / tableChanges); None for anything else."""
+    if set(value) == {"ts_ms"}:
+        return "heartbeat"
+    if value.get("status") in ("BEGIN", "END") and "id" in value:
+        return "transaction"
+    if "ddl" in value or "tableChanges" in value:
+        return "schema_change"
+    return None
 
 
 def _document(raw: Any, where: str) -> dict[str, Any] | None:

@@ -53,19 +53,19 @@ class CdcRig:
     tables: list = field(default_factory=list)
 
     def table(self, ddl: str, *, flatten: bool = False, schemas: bool = False, extra: dict | None = None,
-              before_connector: list[str] = (), create_topic=None) -> CdcTable:
+              before_connector: list[str] = ()) -> CdcTable:
         """Create a table (``ddl`` with ``{t}`` for its name), run ``before_connector`` statements (the
-        snapshot sees them), then register a connector for it; returns once the connector runs."""
+        snapshot sees them), then register a connector for it (``extra`` settings: ``{topic}`` stands for
+        its change topic); returns once the connector runs."""
         suffix = uuid.uuid4().hex[:8]
         handle = CdcTable(self, f"t_{suffix}", f"cdc_{suffix}", "")
         handle.sql(ddl)
         for statement in before_connector:
             handle.sql(statement)
         handle.config = connect.debezium_config(self.pg, f"public.{handle.name}", f"cdc{suffix}", flatten=flatten,
-                                                schemas=schemas, extra=extra)
+                                                schemas=schemas)
         handle.topic = connect.topic_for(handle.config)
-        if create_topic is not None:
-            create_topic(handle.topic)  # the bridge's rig subscribes first: the topic must exist
+        handle.config |= {k: v.replace("{topic}", handle.topic) for k, v in (extra or {}).items()}
         connect.register(self.connect, handle.connector, handle.config)
         self.tables.append(handle)
         return handle

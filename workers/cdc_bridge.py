@@ -128,6 +128,10 @@ class CdcBridge(WorkerLoop):
             handle = self.lane.track(record)
             try:
                 change = parse_change(record.key, record.value, self.options.config)
+                if change.is_skipped:  # heartbeat, transaction metadata, schema change: no document changes
+                    self.metrics.skipped.labels(kind=change.op).inc()
+                    OffsetTracker.done(handle)
+                    continue
                 if change.op == "t":
                     if self.options.on_truncate != "ignore":
                         raise truncate_error(change)
