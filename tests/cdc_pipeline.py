@@ -54,7 +54,8 @@ class Rig:
     ``meta_keys``: the payload keys ``state()`` reports besides the text."""
 
     def __init__(self, bootstrap, engine, name: str, config: CdcConfig, chunker: Chunker, on_truncate="dead-letter",
-                 topic: str | None = None, meta_keys=("lang", "views", "cdc_source"), partitions: int = 2):
+                 topic: str | None = None, meta_keys=("lang", "views", "cdc_source"), partitions: int = 2,
+                 bridge: bool = True):
         self.settings = isolated_settings(bootstrap, name)
         kafka = self.settings.kafka
         kafka.group_cdc = f"{kafka.group_online}-cdc"
@@ -68,11 +69,11 @@ class Rig:
         self.collection = self.settings.qdrant.collection
         self.worker = build_embed_worker(self.settings, ("online",), store=self.store, engine=self.engine,
                                          options=WorkerOptions(lanes=("online",)))
-        self.bridge = self.new_bridge()
+        self.bridge = self.new_bridge() if bridge else None  # None: the caller runs the bridge (a process)
         self.producer = KafkaProducer(**kafka.client_kwargs(), acks="all", enable_idempotence=True)
         self.probe = {group: KafkaConsumer(**kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
                       for group in (kafka.group_cdc, kafka.group_online)}
-        self.threads = [threading.Thread(target=w.run, daemon=True) for w in (self.worker, self.bridge)]
+        self.threads = [threading.Thread(target=w.run, daemon=True) for w in (self.worker, self.bridge) if w]
 
     def new_bridge(self) -> CdcBridge:
         return CdcBridge(self.settings, self.chunker, CdcOptions(self.topic, self.config, on_truncate=self.on_truncate))
@@ -83,7 +84,8 @@ class Rig:
         online = self.worker.lanes["online"].consumer
         try:
             wait_for(lambda: any(tp.topic == self.settings.kafka.topic_chunks_online for tp in online.assignment())
-                     and self.bridge.lane.consumer.assignment(), 60, "the worker and the bridge to get their partitions")
+                     and (self.bridge is None or self.bridge.lane.consumer.assignment()), 60,
+                     "the worker and the bridge to get their partitions")
         except AssertionError:
             self.__exit__(None, None, None)
             raise
@@ -91,7 +93,8 @@ class Rig:
 
     def __exit__(self, *exc):
         for w in (self.bridge, self.worker):
-            w.stop()
+            if w is not None:
+                w.stop()
         for t in self.threads:
             t.join(60)
         for consumer in self.probe.values():

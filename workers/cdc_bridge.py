@@ -60,6 +60,10 @@ class CdcOptions:
     poll_timeout_ms: int = 200
     max_poll_records: int = 500
     worker_id: str = field(default_factory=lambda: new_worker_id("cdc"))
+    # A bridge that died keeps its partitions this long: the replacement waits it out unless it joins under
+    # the same static member id (instance_id), which takes them over at once. settings.kafka's win when set.
+    session_timeout_ms: int = 10_000
+    instance_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.on_truncate not in ("dead-letter", "ignore"):
@@ -109,8 +113,12 @@ class CdcBridge(WorkerLoop):
             ensure_topics(self.kafka, topics=[self.kafka.topic_dead_letters])
         self.publisher = ChunkPublisher(self.kafka, lane=options.lane, collection=options.collection,
                                         create_topics=create_topics, producer_config=ORDERED_NOT_IDEMPOTENT)
+        membership = {} if self.kafka.session_timeout_ms else {"session_timeout_ms": options.session_timeout_ms}
+        if options.instance_id and not self.kafka.instance_id():
+            membership["group_instance_id"] = options.instance_id
         self.lane = self.add_lane(METRICS_LANE, [options.topic], options.group or self.kafka.group_cdc,
-                                  options.max_poll_records, librdkafka=False)  # read_committed, as every lane
+                                  options.max_poll_records, librdkafka=False,  # read_committed, as every lane
+                                  **membership)
         self.memory = DocumentMemory(self.kafka)
 
     # -- one poll ------------------------------------------------------------------------------
