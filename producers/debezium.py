@@ -191,6 +191,11 @@ def _upsert(op: str, key, before: dict | None, after: dict[str, Any], source: st
     refused = metadata_refusal(metadata)
     if refused:
         raise CdcError("invalid_metadata", f"metadata fields {list(config.metadata_fields)}: {refused}")
+    binary = [name for name in config.text_fields
+              if (types.get(name) or {}).get("type") == "bytes" and _lookup(after, name, None) is not None]
+    if binary:  # base64 of the bytes: text only in appearance (without schemas it cannot be told apart)
+        raise CdcError("non_text_field", f"text field(s) {binary} are binary columns (the schema says bytes); "
+                                         "name text columns only")
     fields = {name: _text_field(after, name) for name in config.text_fields if name not in unavailable}
     text = None if any(name in unavailable for name in config.text_fields) else join_fields(fields, config.text_fields)
     return Change(op, doc_id, text, metadata, source, previous if previous is not None and previous != doc_id else None,

@@ -93,3 +93,22 @@ def test_every_shape_ends_as_the_table(kafka_bootstrap, cdc_table, minilm_engine
     assert skipped["heartbeat"] > 0 and skipped["transaction"] > 0, skipped
     documents = latest_documents(rig.settings)
     assert documents["2"] is None and documents["3"] is None and documents["4"]["text"].startswith("Guide 3")
+
+
+@pytest.mark.timeout(300)
+def test_a_truncate_through_the_real_connector_is_dead_lettered(kafka_bootstrap, cdc_table, minilm_engine, chunker):
+    """Debezium sends truncates when skipped.operations lets it; the bridge cannot tell which documents the
+    table held, so the truncate is dead-lettered with its reason and the rows around it are applied."""
+    table = cdc_table(DDL, extra={"skipped.operations": "none"})
+    rig = Rig(kafka_bootstrap, minilm_engine, "trunc", CONFIG, chunker, topic=table.topic, partitions=1,
+              meta_keys=("status",))
+    with rig:
+        table.sql(f"INSERT INTO {{t}} VALUES (1, 'Guide 1', '{_para(1, 'csv')}', 'draft', 1, NULL)")
+        table.sql("TRUNCATE {t}")
+        table.sql(f"INSERT INTO {{t}} VALUES (2, 'Guide 2', '{_para(2, 'json')}', 'draft', 2, NULL)")
+        rows = {"1": {"title": "Guide 1", "body": _para(1, "csv"), "status": "draft"}, **{
+            str(r["id"]): r for r in table.rows()}}
+        final = rig.reaches(expected_state(rows, chunker, ("title", "body"), lambda r: {"status": r["status"]}))
+        (letter,) = read_dead_letters(rig.settings, 1)
+    assert {doc for doc, _, _, _ in final.values()} == {"1", "2"}  # the truncate changed nothing
+    assert letter.error.code == "truncate_refused" and table.name in letter.error.message
