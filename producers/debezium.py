@@ -212,13 +212,13 @@ def logical_value(value: Any, field_schema: Mapping[str, Any] | None) -> Any:
     try:
         if name in DECIMAL_TYPES and isinstance(value, str):
             scale = int(((field_schema or {}).get("parameters") or {}).get("scale", 0))
-            exact = decimal.Decimal(int.from_bytes(base64.b64decode(value), "big", signed=True)).scaleb(-scale)
+            exact = decimal.Decimal(f"{int.from_bytes(base64.b64decode(value), 'big', signed=True)}E{-scale}")  # exact
             return float(exact) if decimal.Decimal(repr(float(exact))) == exact else str(exact)
         if name in EPOCH_TYPES and isinstance(value, int) and not isinstance(value, bool):
             unit, with_date = EPOCH_TYPES[name]
             moment = EPOCH + datetime.timedelta(microseconds=value * unit)
             return moment.date().isoformat() if not with_date else moment.isoformat()
-    except (ValueError, TypeError, OverflowError, binascii.Error):
+    except (ValueError, TypeError, OverflowError, ArithmeticError, binascii.Error):  # decimal.InvalidOperation too
         return value
     return value
 
