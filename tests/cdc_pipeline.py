@@ -167,3 +167,24 @@ def expected_state(table: dict[str, dict], chunker: Chunker, text_fields, metada
         for i, chunk in enumerate(chunker.chunk(text)):
             out[point_id(doc_id, i)] = (doc_id, i, chunk, metadata(fields))
     return out
+
+
+def _para(topic: str, n: int) -> str:
+    return (f"Paragraph {n} explains {topic} in plain words. It covers how the {topic} module reads input, "
+            f"what errors it raises and which options change its behaviour.")
+
+
+TOPICS = ["csv", "json", "pathlib", "sqlite3", "zipfile", "shutil", "argparse", "logging", "asyncio", "socket"]
+
+
+def body(first: int, count: int, edit: int | None = None) -> str:
+    """``count`` paragraphs; ``edit`` changes one of them (same length in tokens, new content)."""
+    paras = [_para(TOPICS[(first + i) % len(TOPICS)], i) for i in range(count)]
+    if edit is not None:
+        paras[edit] = paras[edit].replace("plain words", "other words")
+    return "\n\n".join(paras)
+
+
+def paragraph_chunker(engine) -> Chunker:
+    """40-token chunks, no overlap: each paragraph of body() is one chunk, so edits stay local."""
+    return Chunker(engine.tokenizer.tokenizer, engine.spec.max_tokens, chunk_tokens=40, overlap_tokens=0)

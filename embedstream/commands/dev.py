@@ -45,7 +45,7 @@ def kafka_stop(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -
     """Stop the local broker (data is kept)."""
     from embedstream import devkafka
 
-    typer.echo("stopped" if devkafka.stop(port=port, data_dir=data_dir) else "not running")
+    _stopped(devkafka.stop(port=port, data_dir=data_dir))
 
 
 @kafka_app.command("status")
@@ -53,9 +53,17 @@ def kafka_status(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None)
     """Print the broker's state as JSON; exit 3 when it does not answer."""
     from embedstream import devkafka
 
-    state = devkafka.status(port=port, data_dir=data_dir)
+    _state(devkafka.status(port=port, data_dir=data_dir), "answering")
+
+
+def _state(state: dict, up: str) -> None:
+    """Print a status as JSON and exit 0 when ``state[up]``, else 3."""
     typer.echo(json.dumps(state, indent=2, default=str))
-    raise typer.Exit(0 if state.get("answering") else 3)
+    raise typer.Exit(0 if state.get(up) else 3)
+
+
+def _stopped(was_running: bool) -> None:
+    typer.echo("stopped" if was_running else "not running")
 
 
 postgres_app = typer.Typer(no_args_is_help=True, help="A throwaway PostgreSQL cluster for CDC (wal_level=logical).")
@@ -87,7 +95,7 @@ def postgres_stop(pg_port: PgPort = 5432, pg_data_dir: PgDataDir = None) -> None
     """Stop the cluster (data is kept)."""
     from embedstream.devcdc import postgres
 
-    typer.echo("stopped" if postgres.stop(pg_port, pg_data_dir) else "not running")
+    _stopped(postgres.stop(pg_port, pg_data_dir))
 
 
 @postgres_app.command("status")
@@ -95,9 +103,7 @@ def postgres_status(pg_port: PgPort = 5432, pg_data_dir: PgDataDir = None) -> No
     """Print the cluster's state as JSON; exit 3 when it does not run."""
     from embedstream.devcdc import postgres
 
-    state = postgres.status(pg_port, pg_data_dir)
-    typer.echo(json.dumps(state, indent=2))
-    raise typer.Exit(0 if state["running"] else 3)
+    _state(postgres.status(pg_port, pg_data_dir), "running")
 
 
 @connect_app.command("start")
@@ -134,7 +140,7 @@ def connect_stop(rest_port: RestPort = 8083, connect_data_dir: ConnectDataDir = 
     """Stop the worker (connectors and their offsets are kept and resume on the next start)."""
     from embedstream.devcdc import connect
 
-    typer.echo("stopped" if connect.stop(rest_port, connect_data_dir) else "not running")
+    _stopped(connect.stop(rest_port, connect_data_dir))
 
 
 @connect_app.command("status")
@@ -142,6 +148,4 @@ def connect_status(rest_port: RestPort = 8083, connect_data_dir: ConnectDataDir 
     """Print the worker's and its connectors' state as JSON; exit 3 when it does not run."""
     from embedstream.devcdc import connect
 
-    state = connect.status(rest_port, connect_data_dir)
-    typer.echo(json.dumps(state, indent=2))
-    raise typer.Exit(0 if state["running"] else 3)
+    _state(connect.status(rest_port, connect_data_dir), "running")
