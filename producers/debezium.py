@@ -35,6 +35,7 @@ from embedstream.schemas.bounds import doc_id_refusal, metadata_refusal
 UPSERT_OPS = frozenset({"c", "r", "u"})
 KNOWN_OPS = frozenset({"c", "r", "u", "d", "t"})
 SKIPPED_KINDS = frozenset({"heartbeat", "transaction", "schema_change"})  # records that change no document
+OLD_KEY_HEADER = "__debezium.oldkey"  # on the create of a primary-key change: the row's previous key
 FLAT_OP, FLAT_DELETED = "__op", "__deleted"  # ExtractNewRecordState's add.fields=op and rewrite delete marker
 DECIMAL_TYPES = frozenset({"org.apache.kafka.connect.data.Decimal"})
 #: epoch-based logical types: unit in microseconds, and whether a time of day goes with the date
@@ -221,6 +222,18 @@ def logical_value(value: Any, field_schema: Mapping[str, Any] | None) -> Any:
     except (ValueError, TypeError, OverflowError, ArithmeticError, binascii.Error):  # decimal.InvalidOperation too
         return value
     return value
+
+
+def moved_from(headers, config: CdcConfig) -> str | None:
+    """The document id a create came from when Debezium split a primary-key change into delete + create
+    (the create's ``__debezium.oldkey`` header); None otherwise."""
+    for name, value in headers or ():
+        if name == OLD_KEY_HEADER and value:
+            try:
+                return _id_from_key(value, config)
+            except CdcError:
+                return None
+    return None
 
 
 def complete(change: Change, previous: Mapping[str, Any] | None, config: CdcConfig) -> Change:

@@ -24,7 +24,7 @@ from typing import Literal
 from embedstream import logs
 from embedstream.config import Settings
 from embedstream.producers.chunker import Chunker, ChunkIds
-from embedstream.producers.debezium import CdcConfig, CdcError, Change, complete, parse_change
+from embedstream.producers.debezium import CdcConfig, CdcError, Change, complete, moved_from, parse_change
 from embedstream.producers.publisher import ChunkPublisher
 from embedstream.producers.sources import Document
 from embedstream.producers.topics import ensure_topics
@@ -164,28 +164,35 @@ class CdcBridge(WorkerLoop):
         earlier in this batch, else from the documents log; a change that cannot be completed is
         dead-lettered and the index keeps the document as it was."""
         earlier: dict[str, dict | None] = {}  # doc_id -> this batch's latest record of it (None: deleted)
+        gone: dict[str, dict] = {}  # doc_id -> its record before this batch deleted it (a primary-key change)
         caught_up = False
         out = []
         for record, handle, change in staged:
             if change.unavailable:
                 try:
-                    if change.doc_id in earlier:
-                        previous = earlier[change.doc_id]
+                    # a primary-key change's create: the values come from the old key's document
+                    moved = moved_from(record.headers, self.options.config) if change.op == "c" else None
+                    doc_id = moved or change.doc_id
+                    if earlier.get(doc_id) or doc_id in gone:
+                        previous = earlier.get(doc_id) or gone[doc_id]
                     else:
                         if not caught_up:
                             self._read(self.memory.catch_up, "reading the documents log")
                             caught_up = True
-                        previous = self._read(lambda: self.memory.latest(change.doc_id), "fetching a document record")
+                        previous = self._read(lambda: self.memory.latest(doc_id, deleted=moved is not None),
+                                              "fetching a document record")
                     change = complete(change, previous, self.options.config)
                     self.metrics.filled.inc()
                 except CdcError as err:
                     self.lane.dead_letter(record, err.to_error_info(), handle)
                     continue
-            if change.previous_doc_id is not None:
-                earlier[change.previous_doc_id] = None
-            if change.doc_id is not None:
-                earlier[change.doc_id] = {"text": change.text, "metadata": change.metadata,
-                                          "fields": change.fields} if change.is_upsert else None
+            for deleted in (change.previous_doc_id, None if change.is_upsert else change.doc_id):
+                if deleted is not None and earlier.get(deleted):
+                    gone[deleted] = earlier[deleted]
+                if deleted is not None:
+                    earlier[deleted] = None
+            if change.doc_id is not None and change.is_upsert:
+                earlier[change.doc_id] = {"text": change.text, "metadata": change.metadata, "fields": change.fields}
             out.append((record, handle, change))
         return out
 

@@ -7,7 +7,8 @@ last applied the document. Only where each key's latest record lies is kept in m
 (partition, offset); the record is fetched when a change needs it. The index is built by reading
 the log from the start on first use and kept current by reading on from there before each lookup
 (everything the bridge published earlier is acknowledged by then), so a restarted bridge knows
-what the one before it wrote.
+what the one before it wrote. A deleted document's last record stays reachable while compaction
+keeps it: a primary-key change arrives as a delete of the old key and a create of the new one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class DocumentMemory:
         self.kafka = kafka
         self.topic = kafka.topic_documents
         self._where: dict[str, tuple[int, int]] = {}
+        self._gone: dict[str, tuple[int, int]] = {}  # deleted documents: where their last record was
         self._tail: KafkaConsumer | None = None
         self._fetch: KafkaConsumer | None = None
 
@@ -49,20 +51,25 @@ class DocumentMemory:
                     doc_id = r.key.decode("utf-8", "replace") if r.key is not None else None
                     if doc_id is None:
                         continue
-                    if r.value is None:
-                        self._where.pop(doc_id, None)
+                    if r.value is None:  # deleted: its last record stays reachable (a primary-key change)
+                        if doc_id in self._where:
+                            self._gone[doc_id] = self._where.pop(doc_id)
                     else:
                         self._where[doc_id] = (r.partition, r.offset)
+                        self._gone.pop(doc_id, None)
 
-    def latest(self, doc_id: str, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any] | None:
-        """The document's latest record (as JSON) as of the last catch_up(); None when it has none."""
+    def latest(self, doc_id: str, deleted: bool = False, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any] | None:
+        """The document's latest record (as JSON) as of the last catch_up(); None when it has none. With
+        ``deleted`` also a deleted document's last record, while compaction has not removed it."""
         for _ in range(2):
-            where = self._where.get(doc_id)
+            where = self._where.get(doc_id) or (self._gone.get(doc_id) if deleted else None)
             if where is None:
                 return None
             record = self._read(TopicPartition(self.topic, where[0]), where[1], timeout_s)
             if record is not None and record.offset == where[1]:
                 return json.loads(record.value)
+            if deleted and self._gone.get(doc_id) == where:
+                return None  # compacted away after its tombstone
             self.catch_up(timeout_s)  # compacted away: a newer record of it came after the last catch_up
         raise TimeoutError(f"{doc_id!r}'s record in {self.topic} moved twice while being fetched")
 
