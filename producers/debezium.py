@@ -18,6 +18,12 @@ configured text fields joined by a blank line; metadata the configured metadata 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
+import datetime
+import decimal
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +34,15 @@ from embedstream.schemas.bounds import doc_id_refusal, metadata_refusal
 
 UPSERT_OPS = frozenset({"c", "r", "u"})
 KNOWN_OPS = frozenset({"c", "r", "u", "d", "t"})
+SKIPPED_KINDS = frozenset({"heartbeat", "transaction", "schema_change"})  # records that change no document
+OLD_KEY_HEADER = "__debezium.oldkey"  # on the create of a primary-key change: the row's previous key
+FLAT_OP, FLAT_DELETED = "__op", "__deleted"  # ExtractNewRecordState's add.fields=op and rewrite delete marker
+DECIMAL_TYPES = frozenset({"org.apache.kafka.connect.data.Decimal"})
+#: epoch-based logical types: unit in microseconds, and whether a time of day goes with the date
+EPOCH_TYPES = {"io.debezium.time.Date": (86_400_000_000, False), "org.apache.kafka.connect.data.Date": (86_400_000_000, False),
+               "io.debezium.time.Timestamp": (1000, True), "org.apache.kafka.connect.data.Timestamp": (1000, True),
+               "io.debezium.time.MicroTimestamp": (1, True)}
+EPOCH = datetime.datetime(1970, 1, 1)
 TEXT_SEPARATOR = "\n\n"
 SOURCE_KEY = "cdc_source"
 
@@ -41,6 +56,7 @@ CdcErrorCode = Literal[
     "invalid_metadata",  # the metadata fields break the wire's metadata bounds (depth, keys, size)
     "non_text_field",  # a configured text field holds something other than a string
     "truncate_refused",  # a table truncate, refused by configuration (set by the bridge)
+    "unavailable_value",  # the source left a field out (an unchanged TOASTed value) and no earlier record has it
 ]
 
 
@@ -60,6 +76,8 @@ class CdcConfig:
     id_field: str
     text_fields: tuple[str, ...]
     metadata_fields: tuple[str, ...] = ()
+    #: what the connector sends for a value it could not read (Debezium's unavailable.value.placeholder)
+    unavailable_placeholder: str = "__debezium_unavailable_value"
 
     def __post_init__(self) -> None:
         if not self.id_field:
@@ -74,7 +92,9 @@ class Change:
 
     ``op`` is the Debezium op, or ``"tombstone"`` for a null value. For c / r / u ``text`` is the
     document's new text; ``previous_doc_id`` is set when an update moved the row to another id
-    (the old id's chunks must go). ``doc_id`` is None only for a truncate.
+    (the old id's chunks must go). ``doc_id`` is None only for a truncate. A change with
+    ``unavailable`` fields has no text yet and lacks those metadata fields: :func:`complete` fills
+    them in from the document's previous record, and only then may it be applied.
     """
 
     op: str
@@ -83,6 +103,8 @@ class Change:
     metadata: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
     previous_doc_id: str | None = None
+    fields: dict[str, str | None] = field(default_factory=dict)  # the text fields by name (None: null/missing)
+    unavailable: tuple[str, ...] = ()  # text or metadata fields the source did not send (see complete())
 
     @property
     def is_upsert(self) -> bool:
@@ -92,18 +114,33 @@ class Change:
     def is_delete(self) -> bool:
         return self.op in ("d", "tombstone")
 
+    @property
+    def is_skipped(self) -> bool:
+        return self.op in SKIPPED_KINDS
+
 
 def parse_change(key: bytes | str | None, value: bytes | str | None, config: CdcConfig) -> Change:
-    """Parse one Kafka record of a Debezium topic; raises CdcError when it cannot be applied."""
-    envelope = _load(value, "value")
+    """Parse one Kafka record of a Debezium topic; raises CdcError when it cannot be applied.
+
+    Besides change events it recognises the records that change no document and returns them as a
+    Change whose op is in SKIPPED_KINDS: heartbeats, transaction metadata (BEGIN / END) and
+    schema-change records."""
+    wrapped = _load(value, "value", unwrap_payload=False)
+    envelope, schema = unwrap(wrapped), _schema(wrapped)
     if envelope is None:  # tombstone: only the key says which document
         return Change("tombstone", _id_from_key(key, config))
     if not isinstance(envelope, dict):
         raise CdcError("malformed_json", f"the value must be a JSON object, got {_kind(envelope)}")
     op = envelope.get("op")
     if op is None:
-        raise CdcError("invalid_envelope", "no 'op' field: not a Debezium change event envelope "
-                                           "(records flattened by ExtractNewRecordState are not supported)")
+        skipped = _skipped_kind(envelope)
+        if skipped is not None:
+            return Change(skipped, None)
+        if FLAT_OP in envelope or FLAT_DELETED in envelope:
+            return _flattened(key, envelope, schema, config)
+        raise CdcError("invalid_envelope", "no 'op' field: not a Debezium change event envelope (a record flattened "
+                                           f"by ExtractNewRecordState needs {FLAT_OP} or {FLAT_DELETED}: set its "
+                                           "add.fields=op or delete.tombstone.handling.mode=rewrite[-with-tombstone])")
     if not isinstance(op, str) or op not in KNOWN_OPS:
         raise CdcError("unknown_op", f"op {json.dumps(op)} is not one of c, r, u, d, t")
     source = _source_name(envelope.get("source"))
@@ -120,33 +157,142 @@ def parse_change(key: bytes | str | None, value: bytes | str | None, config: Cdc
         hint = " (MongoDB: set capture.mode to a *_update_full mode so updates carry the whole document)" \
             if "patch" in envelope or "updateDescription" in envelope else ""
         raise CdcError("missing_after", f"op {op!r} event has no 'after' row{hint}")
+    return _upsert(op, key, before, after, source, _row_types(schema, "after"), config)
+
+
+def _flattened(key, row: dict[str, Any], schema: Any, config: CdcConfig) -> Change:
+    """A record of the ExtractNewRecordState transform: the row itself, plus ``__op`` (add.fields=op) and/or
+    ``__deleted`` (delete.tombstone.handling.mode=rewrite*); ``__db`` / ``__schema`` / ``__table`` when
+    add.fields names them."""
+    op = row.get(FLAT_OP)
+    deleted = str(row.get(FLAT_DELETED, "false")).lower() == "true"
+    if op is not None and op not in KNOWN_OPS:
+        raise CdcError("unknown_op", f"{FLAT_OP} {json.dumps(op)} is not one of c, r, u, d, t")
+    source = ".".join(str(row[k]) for k in ("__db", "__schema", "__table") if row.get(k)) or None
+    if op == "t":
+        return Change("t", None, source=source)
+    if deleted or op == "d":
+        doc_id = _id_from_row(row, config)
+        return Change("d", doc_id if doc_id is not None else _id_from_key(key, config), source=source)
+    return _upsert(op or "u", key, None, row, source, _row_types(schema, None), config)
+
+
+def _upsert(op: str, key, before: dict | None, after: dict[str, Any], source: str | None,
+            types: Mapping[str, dict], config: CdcConfig) -> Change:
     doc_id = _id_from_row(after, config)
     if doc_id is None:
         doc_id = _id_from_key(key, config)
     previous = _id_from_row(before, config) if before is not None else None
-    metadata = {name: value for name in config.metadata_fields
-                if (value := _lookup(after, name, _MISSING)) is not _MISSING}
+    unavailable = tuple(name for name in (*config.text_fields, *config.metadata_fields)
+                        if _is_placeholder(_lookup(after, name, None), config.unavailable_placeholder))
+    metadata = {name: logical_value(value, types.get(name)) for name in config.metadata_fields
+                if name not in unavailable and (value := _lookup(after, name, _MISSING)) is not _MISSING}
     if source:
         metadata[SOURCE_KEY] = source
     refused = metadata_refusal(metadata)
     if refused:
         raise CdcError("invalid_metadata", f"metadata fields {list(config.metadata_fields)}: {refused}")
-    return Change(op, doc_id, document_text(after, config.text_fields), metadata, source,
-                  previous if previous is not None and previous != doc_id else None)
+    binary = [name for name in config.text_fields
+              if (types.get(name) or {}).get("type") == "bytes" and _lookup(after, name, None) is not None]
+    if binary:  # base64 of the bytes: text only in appearance (without schemas it cannot be told apart)
+        raise CdcError("non_text_field", f"text field(s) {binary} are binary columns (the schema says bytes); "
+                                         "name text columns only")
+    fields = {name: _text_field(after, name) for name in config.text_fields if name not in unavailable}
+    text = None if any(name in unavailable for name in config.text_fields) else join_fields(fields, config.text_fields)
+    return Change(op, doc_id, text, metadata, source, previous if previous is not None and previous != doc_id else None,
+                  fields, unavailable)
+
+
+def logical_value(value: Any, field_schema: Mapping[str, Any] | None) -> Any:
+    """A value as the converter's schema says to read it (schemas.enable=true): a Decimal's base64 bytes ->
+    the number (a float when that is exact, else its decimal string); epoch dates and timestamps -> ISO-8601.
+    Without a schema a value stays as sent (set decimal.handling.mode=string or double for readable numbers)."""
+    name = (field_schema or {}).get("name")
+    if value is None or name is None:
+        return value
+    try:
+        if name in DECIMAL_TYPES and isinstance(value, str):
+            scale = int(((field_schema or {}).get("parameters") or {}).get("scale", 0))
+            exact = decimal.Decimal(f"{int.from_bytes(base64.b64decode(value), 'big', signed=True)}E{-scale}")  # exact
+            return float(exact) if decimal.Decimal(repr(float(exact))) == exact else str(exact)
+        if name in EPOCH_TYPES and isinstance(value, int) and not isinstance(value, bool):
+            unit, with_date = EPOCH_TYPES[name]
+            moment = EPOCH + datetime.timedelta(microseconds=value * unit)
+            return moment.date().isoformat() if not with_date else moment.isoformat()
+    except (ValueError, TypeError, OverflowError, ArithmeticError, binascii.Error):  # decimal.InvalidOperation too
+        return value
+    return value
+
+
+def moved_from(headers, config: CdcConfig) -> str | None:
+    """The document id a create came from when Debezium split a primary-key change into delete + create
+    (the create's ``__debezium.oldkey`` header); None otherwise."""
+    for name, value in headers or ():
+        if name == OLD_KEY_HEADER and value:
+            try:
+                return _id_from_key(value, config)
+            except CdcError:
+                return None
+    return None
+
+
+def complete(change: Change, previous: Mapping[str, Any] | None, config: CdcConfig) -> Change:
+    """``change`` with its unavailable fields taken from the document's previous documents-log record
+    (``{"text", "metadata", "fields"}``, None when there is none); raises ``unavailable_value`` when the
+    record does not have them, so nothing the source did not send is ever indexed."""
+    if not change.unavailable:
+        return change
+    known = dict((previous or {}).get("fields") or {})
+    if previous is not None and not known and len(config.text_fields) == 1:  # one text field: the text is it
+        known = {config.text_fields[0]: previous.get("text") or None}
+    old_metadata = (previous or {}).get("metadata") or {}
+    fields, metadata, missing = dict(change.fields), dict(change.metadata), []
+    for name in change.unavailable:
+        if name in config.text_fields and name in known:
+            fields[name] = known[name]
+        elif name not in config.text_fields and name in old_metadata:
+            metadata[name] = old_metadata[name]
+        else:
+            missing.append(name)
+    if missing:
+        where = "no earlier record of the document" if previous is None else "its earlier record lacks them"
+        raise CdcError("unavailable_value", f"the source did not send {missing} (unchanged values PostgreSQL keeps "
+                                            f"out of line: TOAST) and {where}; the index keeps the document as it "
+                                            "was (REPLICA IDENTITY FULL makes PostgreSQL log every value)")
+    ordered = {name: fields.get(name) for name in config.text_fields}
+    metadata = {name: metadata[name] for name in (*config.metadata_fields, SOURCE_KEY) if name in metadata}
+    return dataclasses.replace(change, text=join_fields(ordered, config.text_fields), metadata=metadata,
+                               fields=ordered, unavailable=())
 
 
 def document_text(row: Mapping[str, Any], text_fields: Sequence[str]) -> str:
     """The text fields joined by a blank line; missing, null and blank fields are skipped."""
-    parts = []
-    for name in text_fields:
-        value = _lookup(row, name, None)
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise CdcError("non_text_field", f"text field {name!r} holds {_kind(value)}, not a string")
-        if value.strip():
-            parts.append(value)
-    return TEXT_SEPARATOR.join(parts)
+    return join_fields({name: _text_field(row, name) for name in text_fields}, text_fields)
+
+
+def join_fields(fields: Mapping[str, str | None], text_fields: Sequence[str]) -> str:
+    """The text: the fields in configured order, joined by a blank line; null and blank ones skipped."""
+    return TEXT_SEPARATOR.join(v for name in text_fields if (v := fields.get(name)) is not None and v.strip())
+
+
+def _text_field(row: Mapping[str, Any], name: str) -> str | None:
+    value = _lookup(row, name, None)
+    if value is not None and not isinstance(value, str):
+        raise CdcError("non_text_field", f"text field {name!r} holds {_kind(value)}, not a string")
+    return value
+
+
+def _is_placeholder(value: Any, placeholder: str) -> bool:
+    """Debezium's stand-in for a value it could not read: the text itself, in a one-item array (array
+    columns), or base64 of its bytes (binary columns)."""
+    if isinstance(value, list):
+        return len(value) == 1 and _is_placeholder(value[0], placeholder)
+    return isinstance(value, str) and (value == placeholder or value == _base64(placeholder))
+
+
+@functools.lru_cache(maxsize=8)
+def _base64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def unwrap(obj: Any) -> Any:
@@ -191,7 +337,7 @@ def from_extended_json(value: Any) -> Any:
 _MISSING = object()
 
 
-def _load(raw: bytes | str | None, what: str) -> Any:
+def _load(raw: bytes | str | None, what: str, unwrap_payload: bool = True) -> Any:
     """JSON of a key or value, unwrapped; None for a null/empty record or a null payload."""
     if raw is None or len(raw) == 0:
         return None
@@ -199,7 +345,33 @@ def _load(raw: bytes | str | None, what: str) -> Any:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CdcError("malformed_json", f"the record {what} is not valid UTF-8 JSON: {exc}") from None
-    return unwrap(obj)
+    return unwrap(obj) if unwrap_payload else obj
+
+
+def _schema(obj: Any) -> Any:
+    """The converter's schema of a ``{"schema", "payload"}`` record; None without one."""
+    return obj.get("schema") if isinstance(obj, dict) and "payload" in obj and len(obj) == 2 else None
+
+
+def _row_types(schema: Any, part: str | None) -> dict[str, dict]:
+    """Field name -> field schema of the row (the envelope's ``part`` struct, or the schema itself)."""
+    if not isinstance(schema, dict):
+        return {}
+    if part is not None:
+        schema = next((f for f in schema.get("fields") or () if isinstance(f, dict) and f.get("field") == part), {})
+    return {f["field"]: f for f in schema.get("fields") or () if isinstance(f, dict) and "field" in f}
+
+
+def _skipped_kind(value: dict[str, Any]) -> str | None:
+    """What a record that is not a change event is: a heartbeat ({"ts_ms"} only), transaction metadata
+    (status BEGIN / END), a schema change (ddl / tableChanges); None for anything else."""
+    if set(value) == {"ts_ms"}:
+        return "heartbeat"
+    if value.get("status") in ("BEGIN", "END") and "id" in value:
+        return "transaction"
+    if "ddl" in value or "tableChanges" in value:
+        return "schema_change"
+    return None
 
 
 def _document(raw: Any, where: str) -> dict[str, Any] | None:

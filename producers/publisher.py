@@ -121,24 +121,26 @@ class ChunkPublisher:
                    for doc, chunks in zip(batch, chunked))
 
     def publish_chunks(self, document: Document, chunks: list[str], trim: bool = True, record: bool = False,
-                       ids: ChunkIds | None = None) -> int:
+                       ids: ChunkIds | None = None, fields: dict[str, str | None] | None = None) -> int:
         """Publish already-chunked text (a documents-log record only with ``record``, e.g. from the CDC
         bridge; a replay must not); with ``trim`` a delete of the chunks past the new count follows, so
         a document that shrank loses its leftover chunks. With ``ids`` (a model chunker's ``ids``) the
-        chunks carry their token ids."""
-        count = self._publish_chunks(document, chunks, replace=False, record=record, ids=_ids(ids, chunks))
+        chunks carry their token ids; ``fields`` (the source's text fields) go into the documents-log record."""
+        count = self._publish_chunks(document, chunks, replace=False, record=record, ids=_ids(ids, chunks),
+                                     fields=fields)
         if trim:
             self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
         return count
 
     def _publish_chunks(self, document: Document, chunks: list[str], replace: bool, record: bool = True,
-                        ids: tuple[ChunkIds, list[str | None]] | None = None) -> int:
+                        ids: tuple[ChunkIds, list[str | None]] | None = None,
+                        fields: dict[str, str | None] | None = None) -> int:
         if replace:
             self.publish_delete(DocumentDelete(doc_id=document.doc_id, collection=self.collection))
         created = now_ms()
         if self.record_documents and record:
             record_event = DocumentRecord(doc_id=document.doc_id, text=document.text, metadata=document.metadata,
-                                    created_at_ms=created)
+                                          created_at_ms=created, fields=fields)
             self._send(document.doc_id, encode(record_event), self.settings.topic_documents)
         for index, text in enumerate(chunks):
             token_ids = ids[1][index] if ids is not None else None

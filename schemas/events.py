@@ -323,6 +323,11 @@ class DocumentRecord(WireModel):
     text: str
     metadata: Metadata = Field(default_factory=dict)
     created_at_ms: EpochMs | None = None
+    fields: dict[str, str | None] | None = Field(
+        default=None,
+        description="The source row's text fields by name, as ``text`` joins them (the CDC bridge): what fills "
+                    "in a field a later change event leaves out (an unchanged TOASTed value)",
+    )
 
 
 WIRE_MODELS: tuple[type[WireModel], ...] = (ChunkEvent, DocumentDelete, DocumentRecord, QueryRequest, QueryReply, DeadLetter)

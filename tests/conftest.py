@@ -44,12 +44,13 @@ def tiny_ce_dir(model_dir) -> Path:
     return tiny_models.build_tiny_cross_encoder(model_dir / "tiny-ce")
 
 
-_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",)}
+_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc")}
 
 
 def pytest_collection_modifyitems(config, items):
     """A test's folder says what it needs: ``unit/`` nothing, ``kafka/`` the local broker, ``slow/`` time
-    (and the broker). The folder adds the markers, so ``-m "not kafka"`` and ``-m "not slow"`` select by it."""
+    (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker). The
+    folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"`` and ``-m "not cdc"`` select by it."""
     root = Path(__file__).parent
     for item in items:
         try:
@@ -109,6 +110,7 @@ def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = F
 
 
 from embedstream.vectorstore.locked import LockedStore  # noqa: E402 - re-exported for the tests
+from cdc_rig import cdc_rig, cdc_table  # noqa: E402,F401 - the CDC rig's fixtures (tests/cdc/)
 
 
 def memory_store() -> LockedStore:

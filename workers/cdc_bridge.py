@@ -5,7 +5,10 @@ doc_id, each with its content hash), followed by a delete of the chunks at or be
 count, so chunks that vanished when a document shrank go too. The embed workers skip chunks
 whose stored point already has the same content hash, model and metadata, so an update only
 re-embeds what changed. d and tombstones delete every chunk of the document; t (truncate) is
-dead-lettered (``truncate_refused``) or ignored, as configured.
+dead-lettered (``truncate_refused``) or ignored, as configured. A value the source left out (Debezium's
+placeholder for an unchanged TOASTed column) is filled in from the document's documents-log record
+(:mod:`embedstream.workers.cdc_memory`), never indexed; when no record has it, the change is
+dead-lettered (``unavailable_value``) and the index keeps the document as it was.
 
 Records are handled in partition order and published in that order under the document's key, so
 a document's events stay ordered end to end. Offsets are committed only after the producer
@@ -21,12 +24,13 @@ from typing import Literal
 from embedstream import logs
 from embedstream.config import Settings
 from embedstream.producers.chunker import Chunker, ChunkIds
-from embedstream.producers.debezium import CdcConfig, CdcError, Change, parse_change
+from embedstream.producers.debezium import CdcConfig, CdcError, Change, complete, moved_from, parse_change
 from embedstream.producers.publisher import ChunkPublisher
 from embedstream.producers.sources import Document
 from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ErrorInfo
 from embedstream.schemas.events import Lane
+from embedstream.workers.cdc_memory import DocumentMemory
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.metrics import CdcMetrics
 from embedstream.workers.offsets import OffsetTracker
@@ -56,6 +60,10 @@ class CdcOptions:
     poll_timeout_ms: int = 200
     max_poll_records: int = 500
     worker_id: str = field(default_factory=lambda: new_worker_id("cdc"))
+    # A bridge that died keeps its partitions this long: the replacement waits it out unless it joins under
+    # the same static member id (instance_id), which takes them over at once. settings.kafka's win when set.
+    session_timeout_ms: int = 10_000
+    instance_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.on_truncate not in ("dead-letter", "ignore"):
@@ -85,8 +93,9 @@ def apply_change(publisher: ChunkPublisher, change: Change, chunks: list[str], i
     if change.previous_doc_id is not None:
         publisher.delete_document(change.previous_doc_id)
         deletes += 1
+    assert not change.unavailable, "complete() the change first: never index what the source did not send"
     document = Document(change.doc_id, change.text or "", dict(change.metadata))
-    return publisher.publish_chunks(document, chunks, trim=True, record=True, ids=ids), deletes
+    return publisher.publish_chunks(document, chunks, trim=True, record=True, ids=ids, fields=change.fields), deletes
 
 
 class CdcBridge(WorkerLoop):
@@ -104,8 +113,13 @@ class CdcBridge(WorkerLoop):
             ensure_topics(self.kafka, topics=[self.kafka.topic_dead_letters])
         self.publisher = ChunkPublisher(self.kafka, lane=options.lane, collection=options.collection,
                                         create_topics=create_topics, producer_config=ORDERED_NOT_IDEMPOTENT)
+        membership = {} if self.kafka.session_timeout_ms else {"session_timeout_ms": options.session_timeout_ms}
+        if options.instance_id and not self.kafka.instance_id():
+            membership["group_instance_id"] = options.instance_id
         self.lane = self.add_lane(METRICS_LANE, [options.topic], options.group or self.kafka.group_cdc,
-                                  options.max_poll_records, librdkafka=False)  # read_committed, as every lane
+                                  options.max_poll_records, librdkafka=False,  # read_committed, as every lane
+                                  **membership)
+        self.memory = DocumentMemory(self.kafka)
 
     # -- one poll ------------------------------------------------------------------------------
     def run_once(self) -> int:
@@ -122,6 +136,10 @@ class CdcBridge(WorkerLoop):
             handle = self.lane.track(record)
             try:
                 change = parse_change(record.key, record.value, self.options.config)
+                if change.is_skipped:  # heartbeat, transaction metadata, schema change: no document changes
+                    self.metrics.skipped.labels(kind=change.op).inc()
+                    OffsetTracker.done(handle)
+                    continue
                 if change.op == "t":
                     if self.options.on_truncate != "ignore":
                         raise truncate_error(change)
@@ -133,12 +151,58 @@ class CdcBridge(WorkerLoop):
                 self.lane.dead_letter(record, err.to_error_info(), handle)
                 continue
             staged.append((record, handle, change))
+        staged = self._complete(staged)
         if not staged:
             return
         upserts = [change for _, _, change in staged if change.is_upsert]
         chunked = iter(self.chunker.chunk_many([c.text or "" for c in upserts]) if upserts else [])
         self._publish([(record, handle, change, next(chunked) if change.is_upsert else [])
                        for record, handle, change in staged])
+
+    def _complete(self, staged: list[tuple]) -> list[tuple]:
+        """Fill in what the source left out (see producers.debezium.complete), in record order: from a change
+        earlier in this batch, else from the documents log; a change that cannot be completed is
+        dead-lettered and the index keeps the document as it was."""
+        earlier: dict[str, dict | None] = {}  # doc_id -> this batch's latest record of it (None: deleted)
+        gone: dict[str, dict] = {}  # doc_id -> its record before this batch deleted it (a primary-key change)
+        caught_up = False
+        out = []
+        for record, handle, change in staged:
+            if change.unavailable:
+                try:
+                    # a primary-key change's create: the values come from the old key's document
+                    moved = moved_from(record.headers, self.options.config) if change.op == "c" else None
+                    doc_id = moved or change.doc_id
+                    if earlier.get(doc_id) or doc_id in gone:
+                        previous = earlier.get(doc_id) or gone[doc_id]
+                    else:
+                        if not caught_up:
+                            self._read(self.memory.catch_up, "reading the documents log")
+                            caught_up = True
+                        previous = self._read(lambda: self.memory.latest(doc_id, deleted=moved is not None),
+                                              "fetching a document record")
+                    change = complete(change, previous, self.options.config)
+                    self.metrics.filled.inc()
+                except CdcError as err:
+                    self.lane.dead_letter(record, err.to_error_info(), handle)
+                    continue
+            for deleted in (change.previous_doc_id, None if change.is_upsert else change.doc_id):
+                if deleted is not None and earlier.get(deleted):
+                    gone[deleted] = earlier[deleted]
+                if deleted is not None:
+                    earlier[deleted] = None
+            if change.doc_id is not None and change.is_upsert:
+                earlier[change.doc_id] = {"text": change.text, "metadata": change.metadata, "fields": change.fields}
+            out.append((record, handle, change))
+        return out
+
+    def _read(self, read, what: str):
+        """A documents-log read, backed off while Kafka is away; CdcError when it fails for good."""
+        result: list = []
+        reason = self.write_with_retry(lambda: result.append(read()), what, self.metrics.publish_failures.inc)
+        if reason is not None:
+            raise CdcError("unavailable_value", f"a value the source left out could not be looked up: {reason.message}")
+        return result[-1]
 
     def _publish(self, plan: list[tuple], limit_s: float | None = None) -> None:
         """Send in order and wait for the acks; a failed send is sent again (harmless: idempotent).
@@ -175,6 +239,7 @@ class CdcBridge(WorkerLoop):
                 "text_fields": list(c.text_fields), "on_truncate": self.options.on_truncate}
 
     def close_resources(self) -> None:
+        self.memory.close()
         try:
             self.publisher.close()
         except Exception as exc:  # noqa: BLE001 - closing: report and carry on

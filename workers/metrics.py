@@ -120,6 +120,10 @@ class CdcMetrics:
                                     ["lane", "code"], registry=r)
         self.publish_failures = Counter("embedstream_cdc_publish_failures_total",
                                         "Failed publishes to the chunk topic (retried)", registry=r)
+        self.filled = Counter("embedstream_cdc_unavailable_filled_total",
+                              "Values the source left out (unchanged TOAST) filled in from the documents log", registry=r)
+        self.skipped = Counter("embedstream_cdc_skipped_total", "Records that change no document (heartbeats, "
+                               "transaction metadata, schema changes, ignored truncates), by kind", ["kind"], registry=r)
         self.consumer_lag = Gauge("embedstream_consumer_lag", "Records behind the log end, per lane", ["lane"], registry=r)
 
     def lag(self, lane: str, consumer) -> int:

@@ -158,6 +158,26 @@ def bench_latency(
     latency_bench.print_table(result)
 
 
+@app.command("cdc")
+def bench_cdc(
+    rate: Optional[list[float]] = typer.Option(None, help="Row changes per second, repeat the flag; default 1 2 5 10 20"),
+    step_s: float = typer.Option(10.0, help="Seconds per rate"),
+    backlog_docs: int = typer.Option(400, help="Documents put on the bulk lane before each backlog step"),
+    target_ms: float = typer.Option(1000.0, help="The p95 freshness target the summary line reports against"),
+    port: BrokerPort = BROKER_PORT,
+    pg_port: int = typer.Option(5432, help="Port of the dev PostgreSQL (started when not running)"),
+    rest_port: int = typer.Option(8083, help="Port of the dev Connect worker's REST API"),
+    out: str = typer.Option("bench-results", help="Folder for the table (JSON) and the PNG"),
+) -> None:
+    """CDC freshness on the real rig: COMMIT in PostgreSQL -> visible in Qdrant, p50/p95/p99 and stage shares
+    at stepped change rates, idle and while a bulk backlog drains."""
+    from embedstream.bench import cdc_bench
+
+    logs.configure(level="WARNING")
+    cdc_bench.print_table(cdc_bench.run(rate or [1, 2, 5, 10, 20], step_s, backlog_docs, port, pg_port, rest_port,
+                                        target_ms, out))
+
+
 @app.command("quality")
 def bench_quality(
     model: str = typer.Option("all-MiniLM-L6-v2", help="Embedding model (registry name or folder)"),

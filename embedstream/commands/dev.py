@@ -1,9 +1,9 @@
-"""`embedstream dev kafka start|restart|stop|status`: the local single-node broker for development and tests."""
+"""`embedstream dev kafka|postgres|connect ...`: the local broker, and the CDC rig (PostgreSQL, Connect + Debezium)."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -45,7 +45,7 @@ def kafka_stop(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -
     """Stop the local broker (data is kept)."""
     from embedstream import devkafka
 
-    typer.echo("stopped" if devkafka.stop(port=port, data_dir=data_dir) else "not running")
+    _stopped(devkafka.stop(port=port, data_dir=data_dir))
 
 
 @kafka_app.command("status")
@@ -53,6 +53,99 @@ def kafka_status(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None)
     """Print the broker's state as JSON; exit 3 when it does not answer."""
     from embedstream import devkafka
 
-    state = devkafka.status(port=port, data_dir=data_dir)
+    _state(devkafka.status(port=port, data_dir=data_dir), "answering")
+
+
+def _state(state: dict, up: str) -> None:
+    """Print a status as JSON and exit 0 when ``state[up]``, else 3."""
     typer.echo(json.dumps(state, indent=2, default=str))
-    raise typer.Exit(0 if state.get("answering") else 3)
+    raise typer.Exit(0 if state.get(up) else 3)
+
+
+def _stopped(was_running: bool) -> None:
+    typer.echo("stopped" if was_running else "not running")
+
+
+postgres_app = typer.Typer(no_args_is_help=True, help="A throwaway PostgreSQL cluster for CDC (wal_level=logical).")
+connect_app = typer.Typer(no_args_is_help=True, help="Kafka Connect with the Debezium PostgreSQL connector.")
+app.add_typer(postgres_app, name="postgres")
+app.add_typer(connect_app, name="connect")
+
+PgPort = Annotated[int, typer.Option("--pg-port", help="Port of the local PostgreSQL on 127.0.0.1")]
+PgDataDir = Annotated[Optional[str], typer.Option(
+    "--pg-data-dir", help="Cluster folder (default: /tmp/embedstream-postgres/PORT as root, else "
+                          "~/.cache/embedstream/postgres-data/PORT)")]
+RestPort = Annotated[int, typer.Option("--rest-port", help="Port of the Connect worker's REST API on 127.0.0.1")]
+ConnectDataDir = Annotated[Optional[str], typer.Option(
+    "--connect-data-dir", help="Worker folder (default: ~/.cache/embedstream/connect-data/REST_PORT)")]
+
+
+@postgres_app.command("start")
+def postgres_start(pg_port: PgPort = 5432, pg_data_dir: PgDataDir = None) -> None:
+    """initdb (once) and start; returns when it accepts connections, with the database 'embedstream'."""
+    from embedstream.devcdc import postgres
+
+    info = postgres.start(pg_port, pg_data_dir)
+    typer.echo(f"postgresql answering on {info.host}:{info.port} (pid {info.pid}, data {info.data_dir}); "
+               f"dsn: {info.dsn}")
+
+
+@postgres_app.command("stop")
+def postgres_stop(pg_port: PgPort = 5432, pg_data_dir: PgDataDir = None) -> None:
+    """Stop the cluster (data is kept)."""
+    from embedstream.devcdc import postgres
+
+    _stopped(postgres.stop(pg_port, pg_data_dir))
+
+
+@postgres_app.command("status")
+def postgres_status(pg_port: PgPort = 5432, pg_data_dir: PgDataDir = None) -> None:
+    """Print the cluster's state as JSON; exit 3 when it does not run."""
+    from embedstream.devcdc import postgres
+
+    _state(postgres.status(pg_port, pg_data_dir), "running")
+
+
+@connect_app.command("start")
+def connect_start(
+    table: Annotated[Optional[str], typer.Option("--table", help="Register a Debezium connector for this "
+                                                 "table (schema.table); it is saved and re-registered on restart")] = None,
+    topic_prefix: Annotated[str, typer.Option("--topic-prefix", help="Debezium topic.prefix: the change topic "
+                                              "is PREFIX.schema.table")] = "cdc",
+    flatten: Annotated[bool, typer.Option("--flatten", help="Add Debezium's ExtractNewRecordState transform "
+                                          "(rewrite-with-tombstone, add.fields=op)")] = False,
+    schemas: Annotated[bool, typer.Option("--schemas", help="JSON converter with schemas.enable=true")] = False,
+    port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None,
+    pg_port: PgPort = 5432, pg_data_dir: PgDataDir = None,
+    rest_port: RestPort = 8083, connect_data_dir: ConnectDataDir = None,
+) -> None:
+    """Start (or reuse) the dev broker, PostgreSQL and a standalone Connect worker; with --table, register
+    a Debezium connector (pgoutput, its own slot and publication) and print its change topic."""
+    from embedstream import devkafka
+    from embedstream.devcdc import connect, postgres
+
+    broker = devkafka.start(port=port, data_dir=data_dir)
+    pg = postgres.start(pg_port, pg_data_dir)
+    info = connect.start(broker.bootstrap, rest_port, connect_data_dir)
+    typer.echo(f"{info.versions} answering on {info.url} (pid {info.pid}, data {info.data_dir})")
+    if table:
+        config = connect.debezium_config(pg, table, topic_prefix, flatten=flatten, schemas=schemas)
+        connect.register(info, topic_prefix, config)
+        typer.echo(f"connector {topic_prefix} running for {table} (database {pg.database} on port {pg.port}); "
+                   f"change topic: {connect.topic_for(config)}")
+
+
+@connect_app.command("stop")
+def connect_stop(rest_port: RestPort = 8083, connect_data_dir: ConnectDataDir = None) -> None:
+    """Stop the worker (connectors and their offsets are kept and resume on the next start)."""
+    from embedstream.devcdc import connect
+
+    _stopped(connect.stop(rest_port, connect_data_dir))
+
+
+@connect_app.command("status")
+def connect_status(rest_port: RestPort = 8083, connect_data_dir: ConnectDataDir = None) -> None:
+    """Print the worker's and its connectors' state as JSON; exit 3 when it does not run."""
+    from embedstream.devcdc import connect
+
+    _state(connect.status(rest_port, connect_data_dir), "running")

@@ -97,6 +97,12 @@ def worker_cdc(
     collection: Optional[str] = typer.Option(None, help="Target collection (default: the workers')"),
     on_truncate: str = typer.Option("dead-letter", help="dead-letter | ignore: what a table truncate (op t) does"),
     group: Optional[str] = typer.Option(None, help="Consumer group (default: settings.kafka.group_cdc)"),
+    instance_id: Optional[str] = typer.Option(
+        None, help="Static group member id (one per bridge process): a bridge restarted under it takes its "
+                   "partitions back at once instead of waiting out the dead one's session (10 s)"),
+    unavailable_placeholder: str = typer.Option(
+        "__debezium_unavailable_value", help="The connector's unavailable.value.placeholder (unchanged TOASTed "
+                                             "values): filled in from the documents log, never indexed"),
     metrics_port: int = typer.Option(9401, help="Port of /metrics, /healthz, /readyz (0: off)"),
 ) -> None:
     """Apply Debezium change events: c/r/u re-chunk and publish (unchanged chunks are not re-embedded), d/tombstone delete."""
@@ -115,8 +121,10 @@ def worker_cdc(
     fields = tuple(f.strip() for f in text_fields.split(",") if f.strip())
     if not fields:
         raise typer.BadParameter("give at least one text field")
-    config = CdcConfig(id_field, fields, tuple(f.strip() for f in metadata_fields.split(",") if f.strip()))
+    config = CdcConfig(id_field, fields, tuple(f.strip() for f in metadata_fields.split(",") if f.strip()),
+                       unavailable_placeholder=unavailable_placeholder)
     spec = resolve_model(model or settings.default_model, settings.models)
-    options = CdcOptions(topic, config, lane=lane, collection=collection, on_truncate=on_truncate, group=group)
+    options = CdcOptions(topic, config, lane=lane, collection=collection, on_truncate=on_truncate, group=group,
+                         instance_id=instance_id)
     bridge = CdcBridge(settings, Chunker.for_model(spec, chunk_tokens, overlap), options)
     run_until_signalled(bridge, metrics_port or None)

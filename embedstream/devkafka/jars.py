@@ -30,11 +30,15 @@ def pom_path() -> Path:
 
 def kafka_version(pom: Path | None = None) -> str:
     """The Kafka version pinned in the pom, so the pom stays the single source of truth."""
-    pom = pom or pom_path()
+    return pom_property(pom or pom_path(), "kafka.version")
+
+
+def pom_property(pom: Path, name: str) -> str:
+    """``<properties><name>`` of a pom (a pinned version)."""
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    node = ET.parse(pom).getroot().find("m:properties/m:kafka.version", ns)
+    node = ET.parse(pom).getroot().find(f"m:properties/m:{name}", ns)
     if node is None or not (node.text or "").strip():
-        raise DevKafkaError(f"{pom} has no <properties><kafka.version>")
+        raise DevKafkaError(f"{pom} has no <properties><{name}>")
     return node.text.strip()
 
 
@@ -43,15 +47,15 @@ def _default_home(version: str) -> Path:
     return CACHE_ROOT / "kafka" / version
 
 
-def _run_mvn(pom: Path, version: str, out_dir: Path) -> None:
-    """Copy the broker's runtime jars from Maven Central into out_dir."""
+def _run_mvn(pom: Path, version: str, out_dir: Path, mvn_args: list[str]) -> None:
+    """Copy the pom's runtime jars from Maven Central into out_dir (``version``: for messages)."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise DevKafkaError("mvn not found on PATH; install Maven 3.8+ (e.g. apt-get install maven)")
     cmd = [
         mvn, "-q", "-B", "-Dstyle.color=never",
         "-f", str(pom),
-        f"-Dkafka.version={version}",
+        *mvn_args,
         "dependency:copy-dependencies",
         "-DincludeScope=runtime",
         f"-DoutputDirectory={out_dir}",
@@ -61,10 +65,10 @@ def _run_mvn(pom: Path, version: str, out_dir: Path) -> None:
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=MVN_TIMEOUT_S
         )
     except subprocess.TimeoutExpired as exc:
-        raise DevKafkaError(f"mvn timed out after {MVN_TIMEOUT_S} s resolving Kafka {version}") from exc
+        raise DevKafkaError(f"mvn timed out after {MVN_TIMEOUT_S} s resolving {version}") from exc
     if proc.returncode != 0:
         raise DevKafkaError(
-            f"mvn failed (exit {proc.returncode}) resolving Kafka {version}:\n"
+            f"mvn failed (exit {proc.returncode}) resolving {version}:\n"
             + tail_text(proc.stdout + proc.stderr)
         )
 
@@ -72,13 +76,20 @@ def _run_mvn(pom: Path, version: str, out_dir: Path) -> None:
 def ensure_jars(home: Path | str | None = None, *, version: str | None = None) -> Path:
     """Return ``<home>/libs`` holding the broker jars, resolving them with mvn only the first time.
 
-    ``home`` defaults to ``~/.cache/embedstream/kafka/<version>``. Jars are copied into a
-    scratch dir and renamed into place only when complete, so an interrupted download
-    is never mistaken for a usable cache.
+    ``home`` defaults to ``~/.cache/embedstream/kafka/<version>``.
     """
     pom = pom_path()
     version = version or kafka_version(pom)
     home = Path(home) if home is not None else _default_home(version)
+    return cached_jars(pom, home, f"Kafka {version}", f"kafka_2.13-{version}.jar", [f"-Dkafka.version={version}"])
+
+
+def cached_jars(pom: Path, home: Path, what: str, probe_jar: str, mvn_args: list[str] | None = None) -> Path:
+    """Return ``<home>/libs`` holding the pom's runtime jars, resolving them with mvn only the first time.
+
+    Jars are copied into a scratch dir and renamed into place only when complete (``probe_jar`` among
+    them), so an interrupted download is never mistaken for a usable cache.
+    """
     libs = home / "libs"
     marker = libs / ".complete"
     if marker.is_file():
@@ -88,10 +99,10 @@ def ensure_jars(home: Path | str | None = None, *, version: str | None = None) -
             return libs
         scratch = home / f"libs.partial-{os.getpid()}"
         shutil.rmtree(scratch, ignore_errors=True)
-        _run_mvn(pom, version, scratch)
-        if not (scratch / f"kafka_2.13-{version}.jar").is_file():
-            raise DevKafkaError(f"mvn succeeded but kafka_2.13-{version}.jar is missing from {scratch}")
-        (scratch / ".complete").write_text(version + "\n")
+        _run_mvn(pom, what, scratch, mvn_args or [])
+        if not (scratch / probe_jar).is_file():
+            raise DevKafkaError(f"mvn succeeded but {probe_jar} is missing from {scratch}")
+        (scratch / ".complete").write_text(what + "\n")
         shutil.rmtree(libs, ignore_errors=True)  # leftover of an older, incomplete layout
         scratch.rename(libs)
     return libs

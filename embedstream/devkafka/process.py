@@ -52,13 +52,18 @@ def pid_alive(pid: int) -> bool:
 
 def _is_our_broker(pid: int, layout: Layout) -> bool:
     """Guard against pid reuse: the process must be kafka.Kafka running this data dir's config."""
+    return runs_with(pid, MAIN_CLASS, str(layout.config))
+
+
+def runs_with(pid: int, *args: str) -> bool:
+    """Whether process pid has every one of ``args`` in its argv (True without procfs, e.g. macOS)."""
     if not Path("/proc/self").is_dir():
-        return True  # no procfs (e.g. macOS): trust the pid file
+        return True  # no procfs: trust the pid file
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return MAIN_CLASS.encode() in argv and str(layout.config).encode() in argv
+    return all(arg.encode() in argv for arg in args)
 
 
 def live_pid(layout: Layout) -> int | None:
@@ -108,15 +113,20 @@ def launch(java: str, libs: Path, layout: Layout) -> int:
         "-cp", f"{libs}/*",
         MAIN_CLASS, str(layout.config),
     ]
-    with open(layout.console_log, "ab") as out:
+    return spawn(cmd, layout.root, layout.console_log, layout.pid_file)
+
+
+def spawn(cmd: list[str], cwd: Path, console_log: Path, pid_file: Path) -> int:
+    """Start ``cmd`` detached (own session, output appended to console_log) and record its pid."""
+    with open(console_log, "ab") as out:
         out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
         out.flush()
         proc = subprocess.Popen(
-            cmd, cwd=layout.root, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )
     _CHILDREN[proc.pid] = proc
-    write_text(layout.pid_file, f"{proc.pid}\n")
+    write_text(pid_file, f"{proc.pid}\n")
     return proc.pid
 
 

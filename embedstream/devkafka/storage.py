@@ -59,8 +59,13 @@ def server_properties(host: str, port: int, layout: Layout, overrides: Mapping[s
 
 def log4j_properties(layout: Layout) -> str:
     """Broker log to a size-capped file; chatty request/state-change loggers only on WARN."""
-    log = layout.server_log
-    return f"""# Written by embedstream.devkafka on every start.
+    return log4j_file_config(layout.server_log, ("kafka.request.logger", "state.change.logger"))
+
+
+def log4j_file_config(log: Path, quiet: Sequence[str] = ()) -> str:
+    """A JVM's log4j2 config: INFO to a size-capped rolling file, the ``quiet`` loggers on WARN only."""
+    quiet_lines = "".join(f"logger.q{i}.name = {name}\nlogger.q{i}.level = WARN\n" for i, name in enumerate(quiet))
+    return f"""# Written by embedstream on every start.
 status = warn
 appender.file.type = RollingFile
 appender.file.name = FILE
@@ -75,11 +80,7 @@ appender.file.strategy.type = DefaultRolloverStrategy
 appender.file.strategy.max = 3
 rootLogger.level = INFO
 rootLogger.appenderRef.file.ref = FILE
-logger.request.name = kafka.request.logger
-logger.request.level = WARN
-logger.statechange.name = state.change.logger
-logger.statechange.level = WARN
-"""
+{quiet_lines}"""
 
 
 def _random_cluster_id() -> str:

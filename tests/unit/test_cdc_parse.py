@@ -13,7 +13,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from embedstream.errors import CodedError
 from embedstream.vectorstore import CollectionNotFound
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.debezium import CdcConfig, CdcError, Change, from_extended_json, parse_change, unwrap
+from embedstream.producers.debezium import (CdcConfig, CdcError, Change, complete, from_extended_json, logical_value,
+                                           parse_change, unwrap)
 from embedstream.producers.topics import all_topics, ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions, apply_change, truncate_error
@@ -27,7 +28,7 @@ from cdc_events import CONFIG, MONGO, MONGO_SOURCE, OID, SOURCE, envelope, key, 
 def test_create_with_and_without_schema_wrapper(wrap):
     change = parse_change(raw(key(7, wrap=wrap)), raw(envelope("c", after=row(7, "Title", "Body"), wrap=wrap)), CONFIG)
     assert change == Change("c", "7", "Title\n\nBody", {"lang": "en", "cdc_source": "shop.public.articles"},
-                            "shop.public.articles")
+                            "shop.public.articles", fields={"title": "Title", "body": "Body"})
     assert change.is_upsert and not change.is_delete
 
 
@@ -151,7 +152,7 @@ class RecordingPublisher:
     def __init__(self):
         self.calls: list[tuple] = []
 
-    def publish_chunks(self, document, chunks, trim=True, record=False, ids=None):
+    def publish_chunks(self, document, chunks, trim=True, record=False, ids=None, fields=None):
         self.calls.append(("chunks", document.doc_id, document.text, document.metadata, list(chunks), trim, record))
         self.ids = ids
         return len(chunks)
@@ -244,3 +245,78 @@ def test_sink_unchanged_compares_hash_model_and_metadata(minilm_engine):
     # in one list, a chunk changed earlier in the list no longer matches the store: A -> B -> A must embed both
     assert sink.unchanged([edited, stored[1]]) == [False, False]
     assert sink.unchanged([stored[1], stored[1]]) == [True, True]
+
+
+# -- what the real connector sends but cannot be made to send on demand (tests/cdc/ has the rest) -----
+PLACEHOLDER = "__debezium_unavailable_value"
+META = CdcConfig("id", ("title", "body"), ("lang", "summary"))
+
+
+def test_unavailable_values_are_left_out_and_filled_in_from_the_previous_record():
+    after = {"id": 1, "title": "New title", "body": PLACEHOLDER, "lang": "en", "summary": [PLACEHOLDER]}
+    change = parse_change(raw(key(1)), raw(envelope("u", after=after)), META)
+    assert change.unavailable == ("body", "summary") and change.text is None and "summary" not in change.metadata
+    previous = {"text": "Old title\n\nThe body", "metadata": {"lang": "de", "summary": "kept"},
+                "fields": {"title": "Old title", "body": "The body"}}
+    done = complete(change, previous, META)
+    assert done.text == "New title\n\nThe body" and done.fields == {"title": "New title", "body": "The body"}
+    assert done.metadata == {"lang": "en", "summary": "kept", "cdc_source": "shop.public.articles"}
+    assert not done.unavailable
+
+
+def test_an_unavailable_value_nobody_recorded_is_refused_never_indexed():
+    change = parse_change(raw(key(1)), raw(envelope("u", after={"id": 1, "title": "t", "body": PLACEHOLDER})), META)
+    for previous in (None, {"text": "t\n\nb", "metadata": {}}):  # no record; a record without fields (2 text fields)
+        with pytest.raises(CdcError) as err:
+            complete(change, previous, META)
+        assert err.value.code == "unavailable_value" and "body" in err.value.message
+    one_field = CdcConfig("id", ("body",))
+    change = parse_change(raw(key(1)), raw(envelope("u", after={"id": 1, "body": PLACEHOLDER})), one_field)
+    assert complete(change, {"text": "the body", "metadata": {}}, one_field).text == "the body"
+
+
+def test_binary_and_configured_placeholders_are_recognised():
+    import base64
+
+    config = CdcConfig("id", ("body",), unavailable_placeholder="__toasted__")
+    for value in ("__toasted__", base64.b64encode(b"__toasted__").decode(), ["__toasted__"]):
+        assert parse_change(raw(key(1)), raw(envelope("u", after={"id": 1, "body": value})), config).unavailable
+    assert not parse_change(raw(key(1)), raw(envelope("u", after={"id": 1, "body": PLACEHOLDER})), config).unavailable
+
+
+def test_flattened_records_without_op_and_bare_rows():
+    update = parse_change(raw(key(3)), raw({"id": 3, "title": "t", "body": "b", "__deleted": "false"}), CONFIG)
+    assert update.op == "u" and update.text == "t\n\nb"
+    deleted = parse_change(raw(key(3)), raw({"id": 3, "title": None, "body": None, "__deleted": "true"}), CONFIG)
+    assert deleted.op == "d" and deleted.doc_id == "3"
+    with pytest.raises(CdcError) as err:  # ExtractNewRecordState without add.fields=op nor the delete rewrite
+        parse_change(raw(key(3)), raw({"id": 3, "title": "t", "body": "b"}), CONFIG)
+    assert err.value.code == "invalid_envelope" and "add.fields=op" in err.value.message
+
+
+@pytest.mark.parametrize("value,kind", [
+    ({"ts_ms": 1_700_000_000_000}, "heartbeat"),
+    ({"status": "END", "id": "571:53195832", "event_count": 2, "data_collections": [], "ts_ms": 1}, "transaction"),
+    ({"source": {"server": "shop"}, "databaseName": "shop", "ddl": "ALTER TABLE t ADD c int", "tableChanges": []},
+     "schema_change"),  # MySQL / SQL Server schema history record: PostgreSQL's connector has none
+])
+def test_records_that_change_no_document_are_skipped(value, kind):
+    change = parse_change(raw({"serverName": "shop"}), raw(value), CONFIG)
+    assert change.op == kind and change.is_skipped and not change.is_upsert and not change.is_delete
+
+
+def test_logical_types_with_a_schema():
+    import base64
+
+    decimal_schema = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}
+    assert logical_value(base64.b64encode((1234).to_bytes(2, "big", signed=True)).decode(), decimal_schema) == 12.34
+    assert logical_value(base64.b64encode((-5).to_bytes(1, "big", signed=True)).decode(), decimal_schema) == -0.05
+    big = 10**30 + 1
+    assert logical_value(base64.b64encode(big.to_bytes(16, "big", signed=True)).decode(), decimal_schema) == \
+        "10000000000000000000000000000.01"
+    assert logical_value(1_767_263_400_123_456, {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}) == \
+        "2026-01-01T10:30:00.123456"
+    assert logical_value(20454, {"type": "int32", "name": "io.debezium.time.Date"}) == "2026-01-01"
+    assert logical_value("2026-01-01T10:30:00Z", {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}) == \
+        "2026-01-01T10:30:00Z"
+    assert logical_value(7, None) == 7

@@ -19,9 +19,11 @@ GROUPS = {
     (): {"embed", "score", "produce", "query", "search", "reindex", "demo", "worker", "gateway", "bench", "plan",
          "dev", "schemas"},
     ("worker",): {"embed", "rerank", "cdc"},
-    ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway", "latency", "host", "transport"},
-    ("dev",): {"kafka"},
+    ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway", "latency", "host", "transport", "cdc"},
+    ("dev",): {"kafka", "postgres", "connect"},
     ("dev", "kafka"): {"start", "restart", "stop", "status"},
+    ("dev", "postgres"): {"start", "stop", "status"},
+    ("dev", "connect"): {"start", "stop", "status"},
     ("schemas",): {"export"},
 }
 
