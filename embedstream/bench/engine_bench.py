@@ -365,3 +365,29 @@ def family_table(rows: list[MethodResult], facts: dict):
                           f"{peer.tokens_per_s:,.0f}" if peer else "-",
                           f"{ours.tokens_per_s / peer.tokens_per_s:.2f}x" if peer else "-", scaling)
     return table
+
+
+def print_frontier(measured, choices: dict, title: str) -> None:
+    """The tuner's measurements on this host: per path tok/s and query latency against recall@10 and min cos,
+    fastest first, the path each lane shape gets at the floor marked (``choices``: shape -> tuning.Choice)."""
+    from rich.table import Table
+
+    from embedstream.engine.tuner import cpu_model
+
+    console = logs.console()
+    console.print(f"cpu: {cpu_model()} ({cpu_summary()}); measured in {measured.seconds:.0f} s")
+    table = Table(title=f"engine paths measured on this host: {title}")
+    for col in ("path", "tok/s (bulk)", "ms/query", "recall@10 vs fp32", "min cos vs fp32", "meets floor",
+                *[f"{shape}" for shape in choices]):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    floor = next(iter(choices.values())).floor if choices else None
+    for m in sorted(measured.measurements, key=lambda m: -m.bulk_tok_s):
+        marks = []
+        for c in choices.values():
+            marks.append("[bold green]chosen[/]" if c.winner.path == m.path else
+                         "runner-up" if c.runner_up is not None and c.runner_up.path == m.path else "")
+        table.add_row(m.path.label, f"{m.bulk_tok_s:,.0f}", f"{m.query_ms:.2f}", f"{m.recall_at_10:.4f}",
+                      f"{m.min_cos:.6f}", "yes" if floor is not None and floor.met_by(m) else "no", *marks)
+    console.print(table)
+    for label, why in measured.skipped:
+        console.print(f"[dim]not measured: {label}: {why}[/dim]")

@@ -19,7 +19,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-PRECISIONS = ("auto", "fast", "float32", "bfloat16", "int8")
+PRECISIONS = ("auto", "fast", "tuned", "float32", "bfloat16", "int8")
 
 
 @functools.lru_cache(maxsize=1)
