@@ -43,7 +43,7 @@ from embedstream.engine.backends.linear import DenseLinear, cpu_flags, cpu_has_n
 from embedstream.engine.packed import PackedBatch, pack_sequences
 from embedstream.engine.tuning import Measurement, PathSpec
 
-TUNING_VERSION = 1  # bump when what is measured or how changes: old files are then ignored
+TUNING_VERSION = 2  # bump when what is measured or how changes: old files are then ignored
 QUALITY_QUERIES = 24
 DOCS_PER_QUERY = 5  # documents made of the paragraphs after the query's: each query has real neighbours
 QUERY_WORDS = 16
@@ -275,6 +275,10 @@ def candidates(ranking: list[str], layers: int, float_dtype: str, openvino_why: 
                                   ("static", 0), ("static", layers)):
             paths.append(PathSpec("packed", "int8", activations, tuple(sorted(ranking[:kept])),
                                   float_dtype if kept else ""))
+        # The hand-measured recipe (bert.INT8_RECIPE: every FFN-down kept) as one more point on the frontier.
+        downs = tuple(sorted(n for n in ranking if n.endswith(".down")))
+        if downs != tuple(sorted(ranking[:layers])):
+            paths.append(PathSpec("packed", "int8", "per_token", downs, float_dtype))
     for precision in ("float32", "bfloat16", "int8") if openvino_why else ():
         if openvino_why(precision) is not None:
             continue

@@ -51,8 +51,12 @@ class PathSpec:
         short = {"float32": "fp32", "bfloat16": "bf16"}
         text = f"{self.backend} {short.get(self.precision, self.precision)}"
         if self.precision == "int8":
-            kept = f"{len(self.keep_float)} linears {short.get(self.float_dtype, self.float_dtype)}" if self.keep_float \
-                else "all int8"
+            kinds: dict[str, int] = {}
+            for name in self.keep_float:
+                kind = name.rsplit(".", 1)[-1]
+                kinds[kind] = kinds.get(kind, 0) + 1
+            kept = (f"kept {short.get(self.float_dtype, self.float_dtype)}: "
+                    + " ".join(f"{n} {k}" for k, n in sorted(kinds.items()))) if kinds else "all int8"
             text += f" {self.activations.replace('_', '-')}, {kept}"
         return text
 

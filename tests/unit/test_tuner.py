@@ -73,7 +73,7 @@ def test_the_cached_measurements_decide_and_the_floor_and_an_explicit_precision_
     before = tuner.tunings_run
     fast = _engine(tiny_dir)
     assert tuner.tunings_run == before
-    assert fast.runner.precision == "int8" and fast.runner.path.endswith("int8 per-token, 1 linears fp32")
+    assert fast.runner.precision == "int8" and fast.runner.path.endswith("int8 per-token, kept fp32: 1 down")
     assert "runner-up packed fp32 1,000 tok/s" in fast.runner.describe()
     kept = fast.runner.encoder.layers[1].down
     assert type(kept).__name__ == "DenseLinear"  # the kept linear runs unquantised
