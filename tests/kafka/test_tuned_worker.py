@@ -9,19 +9,16 @@ import numpy as np
 import pytest
 import tiny_models
 from conftest import isolated_settings, make_engine, memory_store, wait_for
-from kafka import KafkaProducer
 from structlog.testing import capture_logs
 
 from embedstream.config import ModelConfig
 from embedstream.engine import tuner
 from embedstream.engine.engine import EmbedRequest
 from embedstream.producers.topics import ensure_topics
-from embedstream.schemas import ChunkEvent
-from embedstream.schemas.codec import encode
 from embedstream.workers.runtime import build_embed_worker
 from embedstream.workers.sink import point_id
 
-from worker_rig import Running
+from worker_rig import Running, publish_bulk_chunks
 
 pytestmark = pytest.mark.kafka
 ENGINE = {"precision": "tuned", "backend": "packed", "threads": 1}
@@ -53,11 +50,7 @@ def test_a_worker_starts_on_the_cached_choice_within_seconds_and_logs_it(kafka_b
     assert "runner_up" in entry and entry["path"] == worker.engine.runner.path
 
     texts = [f"document {i} " + "about foxes and dogs " * (1 + i % 7) for i in range(20)]
-    producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
-    for i, text in enumerate(texts):
-        producer.send(settings.kafka.topic_chunks_bulk, key=f"d{i}".encode(),
-                      value=encode(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=text)))
-    producer.flush()
+    publish_bulk_chunks(settings, texts)
     collection = settings.qdrant.collection
     with capture_logs() as logs, Running(worker):
         wait_for(lambda: store.collection_exists(collection) and store.count(collection) == len(texts), 120,
