@@ -43,7 +43,7 @@ from embedstream.engine.backends.linear import DenseLinear, cpu_flags, cpu_has_n
 from embedstream.engine.packed import PackedBatch, pack_sequences
 from embedstream.engine.tuning import Measurement, PathSpec
 
-TUNING_VERSION = 3  # bump when what is measured or how changes: old files are then ignored
+TUNING_VERSION = 4  # bump when what is measured or how changes: old files are then ignored
 QUALITY_QUERIES = 24
 DOCS_PER_QUERY = 5  # documents made of the paragraphs after the query's: each query has real neighbours
 QUERY_WORDS = 16
