@@ -1,6 +1,7 @@
 """The `embedstream` command line, assembled from one module per command group (embedstream.commands).
 
     embedstream embed | score                    the engine on JSON lines (commands.engine)
+    embedstream engine tune                      measure the engine's paths on this host (commands.engine)
     embedstream produce | query | search | reindex | demo
                                                  feed or ask a running pipeline (commands.pipeline)
     embedstream worker embed | rerank | cdc      long-running Kafka workers (commands.worker)
@@ -30,6 +31,7 @@ tooling_app = typer.Typer()
 bench_app = bench.app  # other packages register their benchmarks here (bench gateway)
 
 app.add_typer(engine.app)
+app.add_typer(engine.tune_app, name="engine", rich_help_panel=engine.PANEL)
 app.add_typer(pipeline.app)
 app.add_typer(worker.app, name="worker", rich_help_panel=SERVICES)
 app.add_typer(services_app)

@@ -61,17 +61,32 @@ class EngineSettings(BaseModel):
         "openvino: OpenVINO's CPU kernels on length groups (BERT family, the openvino extra; faster for bulk "
         "at 2+ threads and at int8, but a pass does not yield to queries between layers)"
     )
-    precision: Literal["auto", "fast", "float32", "bfloat16", "int8"] = Field(
+    precision: Literal["auto", "fast", "tuned", "float32", "bfloat16", "int8"] = Field(
         default="auto",
         description="auto: exact float32 on CPU, bf16 on CUDA; fast: bf16 wherever the hardware computes it "
         "natively (CUDA, CPUs with AVX512-BF16/AMX), float32 elsewhere (the online lane's choice: min cos 0.99997 "
-        "to float32); bfloat16: fast on CPUs with AVX512-BF16/AMX, emulated elsewhere; "
+        "to float32); tuned: on CPU the path measured fastest on this host (packed or OpenVINO, float32, bf16, "
+        "int8 recipes) that meets quality_floor, measured at first start and cached per host and model; "
+        "bfloat16: fast on CPUs with AVX512-BF16/AMX, emulated elsewhere; "
         "int8: CPU only; static (calibrated once per model, cached) on BERT-family encoders, dynamic on "
         "decoders (approximate, see bench engine's min cos)",
+    )
+    quality_floor: str = Field(
+        default="recall@10>=0.98",
+        description="precision tuned: the least quality a path must keep against float32 on the tuner's fixed "
+        "query/document set: 'exact' (float32 paths only), a recall@10 like 0.98, or "
+        "'recall@10>=0.98,min_cos>=0.999'",
     )
     max_text_bytes: int = Field(
         default=1_000_000, ge=1, description="Refuse a text (or query, passage) above this many UTF-8 bytes before tokenizing"
     )
+
+    @field_validator("quality_floor")
+    @classmethod
+    def _floor(cls, value: str) -> str:
+        from embedstream.engine.tuning import parse_floor
+
+        return str(parse_floor(value))
 
     @field_validator("max_batch_tokens", "max_batch_requests")
     @classmethod

@@ -47,3 +47,18 @@ def http_get(port: int, path: str) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
+
+
+def publish_bulk_chunks(settings, texts: list[str]) -> None:
+    """Chunk ``i`` of document ``d{i}`` for each text, on the bulk lane, flushed."""
+    from kafka import KafkaProducer
+
+    from embedstream.schemas import ChunkEvent
+    from embedstream.schemas.codec import encode
+
+    producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
+    for i, text in enumerate(texts):
+        producer.send(settings.kafka.topic_chunks_bulk, key=f"d{i}".encode(),
+                      value=encode(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=text)))
+    producer.flush()
+    producer.close()

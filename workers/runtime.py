@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
+from embedstream.engine.tuning import shape_for_lanes
 from embedstream.vectorstore.factory import open_store
 from embedstream.workers.embed_worker import EmbedWorker, WorkerOptions
 from embedstream.workers.metrics import WorkerMetrics
@@ -30,7 +31,7 @@ def sink_config_from(settings: Settings) -> SinkConfig:
 def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | None = None, store=None,
                        options: WorkerOptions | None = None, engine: Engine | None = None) -> EmbedWorker:
     """An embed worker on ``lanes``; its knobs come from ``settings.worker`` unless ``options`` are given."""
-    engine = engine or Engine.from_name(model or settings.default_model, settings)
+    engine = engine or Engine.from_name(model or settings.default_model, settings, shape=shape_for_lanes(lanes))
     store = store if store is not None else open_settings_store(settings)
     sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config_from(settings))
     options = options or WorkerOptions.from_settings(settings, lanes)

@@ -43,6 +43,7 @@ class MethodResult:
     peak_mem_mb: float
     useful_gflops: float
     min_cos: float | None = None
+    recall_at_10: float | None = None  # on the tuner's fixed query/document set, against the packed float32 row
 
     @property
     def padding_fraction(self) -> float:
@@ -254,9 +255,41 @@ def _own_methods(model: str, engine: Engine, precisions: list[str], baselines: b
     return methods
 
 
+def _tuned_methods(model: str, threads: int, floors: list[str]) -> tuple[list[tuple[str, str, Callable]], dict]:
+    """One row per quality floor: the engine on precision tuned at ``threads`` (measured once per host and cached;
+    the first bench run on a host measures). Returns the rows and, per floor, the runner's tuning.Choice."""
+    rows, choices = [], {}
+    for floor in floors:
+        settings = Settings()
+        settings.engine.precision, settings.engine.threads, settings.engine.quality_floor = "tuned", threads, floor
+        engine = Engine.from_name(model, settings)
+        choice = engine.runner.choice
+        if choice is None:  # a model the tuner does not cover: it runs float32, a row like any other
+            continue
+        choices[str(choice.floor)] = (choice, engine.runner.tuning)
+        rows.append((f"embedstream (tuned @ {choice.floor}: {choice.winner.path.label})", engine.runner.precision,
+                     _embedstream(engine)))
+    return rows, choices
+
+
+def _quality_on_tuner_set(methods: list[tuple[str, str, Callable]]) -> list[float]:
+    """recall@10 of each method's query and document vectors against the first (packed float32) method's top 10,
+    on the tuner's fixed set (the quality the floor is judged on)."""
+    from embedstream.engine.tuner import quality_texts, recall_at_10
+
+    docs, queries = quality_texts()
+
+    def vectors(fn, texts):
+        v = fn(texts)[0]
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    got = [(vectors(fn, docs), vectors(fn, queries)) for _, _, fn in methods]
+    return [recall_at_10(d, q, *got[0]) for d, q in got]
+
+
 def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts: int = 600, repeats: int = 1,
-        baselines: bool = True, precisions: list[str] | None = None, peers: bool = True, device: str | None = None
-        ) -> tuple[list[MethodResult], dict]:
+        baselines: bool = True, precisions: list[str] | None = None, peers: bool = True, device: str | None = None,
+        floors: list[str] | None = None) -> tuple[list[MethodResult], dict]:
     """Run every method for each thread count on one corpus; returns rows and machine facts.
 
     The first row is always the exact float32 path; ``precisions`` add approximate rows (int8,
@@ -264,7 +297,8 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
     row when baselines are off). ``peers``: OpenVINO / ONNX Runtime rows, built per thread count
     (both fix their thread pools when a model is compiled); the ones that cannot run are listed.
     ``device`` (auto, cpu, cuda; default: the engine settings'): every embedstream row and both baselines
-    run there (on CUDA the default extra row is bfloat16, int8 being CPU-only)."""
+    run there (on CUDA the default extra row is bfloat16, int8 being CPU-only). ``floors``: a precision tuned
+    row per quality floor (default: the settings' floor and exact; CPU only), and the frontier (``facts``)."""
     from embedstream.bench import peers as peer_rows
 
     threads = threads or [1, 2]
@@ -285,22 +319,27 @@ def run(model: str = "all-MiniLM-L6-v2", threads: list[int] | None = None, texts
         skipped.append(peer_rows.Skipped("embedstream (openvino)", ov_why))
     facts = {"model": model, "path": engine.runner.describe(), "cpu": cpu_summary(), "texts": len(corpus), "real_tokens": sum(lengths),
              "length_p50": float(np.median(lengths)), "length_max": max(lengths), "peak_gflops": {},
-             "skipped": [(s.name, s.reason) for s in skipped]}
+             "skipped": [(s.name, s.reason) for s in skipped], "choices": {}}
+    if floors is None:
+        floors = [] if on_gpu else list(dict.fromkeys([Settings().engine.quality_floor, "exact"]))
     rows: list[MethodResult] = []
     for n in threads:
         torch.set_num_threads(n)
         ov_rows = _openvino_methods(model, n, precisions) if not (on_gpu or ov_why) else []
-        methods = own + ov_rows + [(p.name, p.precision, p.build(n)) for p in found]
+        tuned_rows, facts["choices"][n] = _tuned_methods(model, n, floors) if floors else ([], {})
+        torch.set_num_threads(n)
+        methods = own + tuned_rows + ov_rows + [(p.name, p.precision, p.build(n)) for p in found]
+        recalls = _quality_on_tuner_set(methods) if floors else [None] * len(methods)
         facts["peak_gflops"][n] = {p: measure_peak_gflops(n, p) for p in sorted({m[1] for m in methods})}
         torch.set_num_threads(n)
         timed = _timed_round_robin([(name, fn) for name, _, fn in methods], corpus, repeats)
         names = [name for name, _, _ in methods]
         ref_at = next((i for i, name in enumerate(names) if name.startswith("sentence-transformers")), 0)
         normed = [vectors / np.linalg.norm(vectors, axis=1, keepdims=True) for _, vectors, _, _ in timed]
-        for (name, precision, _), (seconds, _, computed, peak), vectors in zip(methods, timed, normed):
+        for (name, precision, _), (seconds, _, computed, peak), vectors, recall in zip(methods, timed, normed, recalls):
             min_cos = float((vectors * normed[ref_at]).sum(1).min())
             rows.append(MethodResult(name, precision, n, seconds, len(corpus), sum(lengths), computed, peak,
-                                     useful_flops / seconds / 1e9, min_cos))
+                                     useful_flops / seconds / 1e9, min_cos, recall))
         facts["reference"] = names[ref_at]
     return rows, facts
 
@@ -336,6 +375,15 @@ def print_table(rows: list[MethodResult], facts: dict) -> None:
         table.add_row(str(n), f"[dim]peak GEMM measured (GFLOP/s): {measured}[/dim]", *[""] * 9)
     console.print(table)
     console.print(family_table(rows, facts))
+    for n in sorted(facts.get("choices", {})):
+        for floor, (choice, measured) in facts["choices"][n].items():
+            from embedstream.engine.tuning import SHAPES, choose
+
+            print_frontier(measured, {shape: choose(measured.measurements, choice.floor, shape) for shape in SHAPES},
+                           f"{facts['model']}, {n} thread(s), floor {floor}")
+        group = [r for r in rows if r.threads == n]
+        if any(r.recall_at_10 is not None for r in group):
+            console.print(frontier_table(group, facts["choices"][n], n))
 
 
 def family_table(rows: list[MethodResult], facts: dict):
@@ -364,4 +412,72 @@ def family_table(rows: list[MethodResult], facts: dict):
                           f"{ours.useful_gflops / peak:.0%}" if peak else "-", peer.method if peer else "-",
                           f"{peer.tokens_per_s:,.0f}" if peer else "-",
                           f"{ours.tokens_per_s / peer.tokens_per_s:.2f}x" if peer else "-", scaling)
+    return table
+
+
+def print_frontier(measured, choices: dict, title: str) -> None:
+    """The tuner's measurements on this host: per path tok/s and query latency against recall@10 and min cos,
+    fastest first, the path each lane shape gets at the floor marked (``choices``: shape -> tuning.Choice)."""
+    from rich.table import Table
+
+    from embedstream.engine.tuner import cpu_model
+
+    console = logs.console()
+    console.print(f"cpu: {cpu_model()} ({cpu_summary()}); measured in {measured.seconds:.0f} s")
+    table = Table(title=f"engine paths measured on this host: {title}")
+    for col in ("path", "tok/s (bulk)", "ms/query", "recall@10 vs fp32", "min cos vs fp32", "meets floor",
+                *[f"{shape}" for shape in choices]):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    floor = next(iter(choices.values())).floor if choices else None
+    for m in sorted(measured.measurements, key=lambda m: -m.bulk_tok_s):
+        marks = []
+        for c in choices.values():
+            marks.append("[bold green]chosen[/]" if c.winner.path == m.path else
+                         "runner-up" if c.runner_up is not None and c.runner_up.path == m.path else "")
+        table.add_row(m.path.label, f"{m.bulk_tok_s:,.0f}", f"{m.query_ms:.2f}", f"{m.recall_at_10:.4f}",
+                      f"{m.min_cos:.6f}", "yes" if floor is not None and floor.met_by(m) else "no", *marks)
+    console.print(table)
+    for label, why in measured.skipped:
+        console.print(f"[dim]not measured: {label}: {why}[/dim]")
+
+
+def frontier_table(group: list[MethodResult], choices: dict, threads: int):
+    """One thread count's rows on the speed / quality frontier, fastest first: real tok/s on the bench corpus
+    against recall@10 (the tuner's set) and min cos; each tuned row against the fastest non-tuned row that
+    meets its floor (peers and embedstream's fixed paths alike), and against float32."""
+    from rich.table import Table
+
+    table = Table(title=f"frontier, {threads} thread(s): tok/s vs quality (bench corpus; recall@10 on the tuner's set)")
+    for col in ("method", "tok/s", "recall@10", "min cos", *[f"meets {f}" for f in choices], "note"):
+        table.add_column(col, justify="left" if col in ("method", "note") else "right")
+    floors = {f: c.floor for f, (c, _) in choices.items()}
+    exact_ref = next((r for r in group if r.method == "embedstream (packed, fp32)"), None)
+
+    def meets(r: MethodResult, floor) -> bool:
+        if r.precision == "float32":
+            return True
+        return not floor.exact and r.recall_at_10 is not None and r.recall_at_10 >= floor.recall_at_10 and (
+            floor.min_cos is None or (r.min_cos or 0) >= floor.min_cos)
+
+    notes = {}
+    for f, floor in floors.items():
+        tuned = next((r for r in group if r.method.startswith(f"embedstream (tuned @ {f}:")), None)
+        if tuned is None:
+            continue
+        others = [r for r in group if not r.method.startswith("embedstream (tuned") and meets(r, floor)]
+        peer = max((r for r in others if not r.method.startswith("embedstream")), key=lambda r: r.tokens_per_s,
+                   default=None)
+        best = max(others, key=lambda r: r.tokens_per_s, default=None)
+        note = [f"chosen at {f}"]
+        if peer:
+            note.append(f"{tuned.tokens_per_s / peer.tokens_per_s:.2f}x fastest peer meeting it ({peer.method})")
+        if best and best is not peer:
+            note.append(f"{tuned.tokens_per_s / best.tokens_per_s:.2f}x fastest row meeting it")
+        if exact_ref:
+            note.append(f"{tuned.tokens_per_s / exact_ref.tokens_per_s:.2f}x packed fp32")
+        notes[tuned.method] = "; ".join(note)
+    for r in sorted(group, key=lambda r: -r.tokens_per_s):
+        table.add_row(r.method, f"{r.tokens_per_s:,.0f}", "-" if r.recall_at_10 is None else f"{r.recall_at_10:.4f}",
+                      "-" if r.min_cos is None else f"{r.min_cos:.6f}",
+                      *["yes" if meets(r, floor) else "no" for floor in floors.values()], notes.get(r.method, ""))
     return table

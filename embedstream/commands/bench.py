@@ -38,14 +38,20 @@ def bench_engine(
         None, help="auto, cpu or cuda for embedstream and the baselines (default: the engine settings'); "
         "on cuda the default extra row is bfloat16"
     ),
+    floor: Optional[list[str]] = typer.Option(
+        None, help="A precision-tuned row per quality floor, and the frontier (default: the settings' floor and "
+        "exact; 'none' leaves them out)"
+    ),
 ) -> None:
-    """Engine throughput vs sentence-transformers and naive padded batches, one corpus, one run."""
+    """Engine throughput vs sentence-transformers and naive padded batches, one corpus, one run; the tuned
+    paths on the speed / quality frontier."""
     from embedstream.bench import engine_bench
 
     if device not in (None, "auto", "cpu", "cuda"):
         raise typer.BadParameter(f"device must be auto, cpu or cuda, got {device!r}")
     rows, facts = engine_bench.run(model, threads, texts, repeats, baselines=not no_baselines, precisions=precision,
-                                   peers=not no_peers, device=device)
+                                   peers=not no_peers, device=device,
+                                   floors=[] if floor == ["none"] else floor)
     engine_bench.print_table(rows, facts)
 
 

@@ -97,3 +97,41 @@ def score(
         for reply in replies:
             sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
+
+
+tune_app = typer.Typer(no_args_is_help=True, help="The engine's measured path choice on this host.")
+
+
+@tune_app.command("tune")
+def tune(
+    model: str = typer.Option(None, help="Registry name or local model folder"),
+    threads: Optional[list[int]] = typer.Option(None, help="Worker threads to tune for; repeat for several "
+                                                "(default: the engine settings', else all cores)"),
+    floor: Optional[str] = typer.Option(None, help="Quality floor (default: EMBEDSTREAM_ENGINE__QUALITY_FLOOR): "
+                                        "exact | 0.98 | recall@10>=0.98,min_cos>=0.999"),
+    backend: str = typer.Option("auto", help="auto (packed and OpenVINO) or packed"),
+    again: bool = typer.Option(False, "--again", help="Measure even when this host's measurements are cached"),
+) -> None:
+    """Measure every path (packed / OpenVINO, float32, bf16, int8 recipes) at a thread count, cache it, and
+    print the frontier with the path each lane shape gets at the floor. Workers on precision tuned read it."""
+    import torch
+
+    from embedstream.bench.engine_bench import print_frontier
+    from embedstream.engine import tuner
+    from embedstream.engine.engine import Engine
+    from embedstream.engine.model_spec import resolve_model
+    from embedstream.engine.tuning import SHAPES, choose, parse_floor
+
+    settings = Settings()
+    logs.configure(json=settings.log_json)
+    floor = parse_floor(floor or settings.engine.quality_floor)
+    spec = resolve_model(model or settings.default_model, settings.models)
+    backends = ("packed",) if backend == "packed" else ("openvino", "packed")
+    for n in threads or [settings.engine.threads or torch.get_num_threads()]:
+        if again:
+            tuner.cache_path(spec, n, backends).unlink(missing_ok=True)
+        settings.engine.precision, settings.engine.threads, settings.engine.backend = "tuned", n, backend
+        engine = Engine(spec, settings.engine)
+        measured = engine.runner.tuning
+        choices = {shape: choose(measured.measurements, floor, shape) for shape in SHAPES}
+        print_frontier(measured, choices, f"{spec.name}, {n} thread(s), floor {floor}")

@@ -50,6 +50,8 @@ def model_key(folder: Path) -> str:
 def _installed_package(folder: Path) -> bool:
     """Inside site-packages: never written to, whatever the permissions say (pip owns it)."""
     resolved = folder.resolve()
+    if {"site-packages", "dist-packages"} & set(resolved.parts):  # any environment's, not only this interpreter's
+        return True
     for key in ("purelib", "platlib"):
         root = Path(sysconfig.get_paths()[key]).resolve()
         if resolved == root or root in resolved.parents:

@@ -113,12 +113,14 @@ class StageTimings:
 class Engine:
     """One model, loaded once, served through the token-budget batcher."""
 
-    def __init__(self, spec: ModelSpec, settings: EngineSettings | None = None, runner: ModelRunner | None = None):
+    def __init__(self, spec: ModelSpec, settings: EngineSettings | None = None, runner: ModelRunner | None = None,
+                 shape: str = "bulk"):
+        """``shape`` (bulk, online, shared: tuning.shape_for_lanes) is what precision tuned picks a path for."""
         settings = settings or EngineSettings()
         self.spec = spec
         self.limits = BatchLimits.for_model(settings.max_batch_tokens, settings.max_batch_requests, spec.max_tokens)
         self.runner = runner or ModelRunner(
-            spec, settings.device, settings.backend, settings.threads, settings.precision
+            spec, settings.device, settings.backend, settings.threads, settings.precision, settings.quality_floor, shape
         )
         self.tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, st_lowercase(spec.path))
         model_vocab = getattr(getattr(self.runner, "config", None), "vocab_size", None)
@@ -132,9 +134,9 @@ class Engine:
         self.max_text_bytes = settings.max_text_bytes
 
     @classmethod
-    def from_name(cls, name: str, settings: Settings | None = None) -> "Engine":
+    def from_name(cls, name: str, settings: Settings | None = None, shape: str = "bulk") -> "Engine":
         settings = settings or Settings()
-        return cls(resolve_model(name, settings.models), settings.engine)
+        return cls(resolve_model(name, settings.models), settings.engine, shape=shape)
 
     # -- embed ---------------------------------------------------------------------------------
     def _prompt(self, request: EmbedRequest) -> str | None:

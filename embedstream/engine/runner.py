@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from embedstream.engine.attention import attention_kernel_name
-from embedstream.engine import calibrate
-from embedstream.engine.backends import bert, decoder
+from embedstream import logs
+from embedstream.engine import calibrate, tuner, tuning
+from embedstream.engine.backends import bert, decoder, openvino_encoder
 from embedstream.engine.backends.hf_padded import PaddedHFEncoder
 from embedstream.engine.backends.openvino_encoder import OpenVINOEncoder
 from embedstream.engine.backends.linear import PRECISIONS, cpu_has_native_bf16, onednn_int8_available
@@ -33,6 +34,7 @@ from embedstream.engine.score_head import ScoreHead
 from embedstream.engine.tokenize import Tokenized
 from embedstream.engine.transfer import DeviceFeeder, StagedBatch
 
+log = logs.get("embedstream.engine.runner")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -53,7 +55,8 @@ def pick_device(requested: str) -> torch.device:
 
 def pick_precision(requested: str, device: torch.device) -> tuple[str, torch.dtype]:
     """(precision, activation dtype). auto: bf16 on CUDA, exact float32 on CPU. fast: bf16 wherever
-    the hardware computes it natively, float32 elsewhere (never the lossier int8).
+    the hardware computes it natively, float32 elsewhere (never the lossier int8). tuned: on CPU the path
+    measured fastest here at the quality floor (tuner.py; the runner resolves it), bf16 on CUDA.
 
     bfloat16 on CPU is fast only where the CPU has bf16 dot products (AVX512-BF16, AMX) and is
     otherwise emulated (about 6x slower than fp32 on AVX2); int8 on CPU is static (calibrated,
@@ -61,7 +64,9 @@ def pick_precision(requested: str, device: torch.device) -> tuple[str, torch.dty
     """
     if requested not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {requested!r}")
-    if requested == "auto":
+    if requested == "tuned" and device.type == "cpu":
+        return "tuned", torch.float32  # the runner measures (or reads the cached measurements) and resolves it
+    if requested in ("auto", "tuned"):
         requested = "bfloat16" if device.type == "cuda" else "float32"
     elif requested == "fast":
         requested = "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"
@@ -83,8 +88,10 @@ class ModelRunner:
 
     def __init__(
         self, spec: ModelSpec, device: str = "auto", backend: str = "auto", threads: int | None = None,
-        precision: str = "auto",
+        precision: str = "auto", quality_floor: str = tuning.DEFAULT_FLOOR, shape: str = "bulk",
     ):
+        """``precision`` tuned: the fastest path measured on this host that meets ``quality_floor`` for
+        ``shape`` (tuning.py); the measurements are cached per host and model, so only a first start measures."""
         from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
         set_threads(threads)
@@ -100,7 +107,12 @@ class ModelRunner:
         self.config = config
         base = getattr(model, model.base_model_prefix, model) if spec.kind == "rerank" else model
         self.hidden_size = int(config.hidden_size)
-        self.encoder, self.path = self._choose(base, config, backend)
+        self.choice: tuning.Choice | None = None  # precision tuned: what won, the runner-up, the float32 best
+        self.tuning: tuner.Tuning | None = None
+        if self.precision == "tuned":
+            self.encoder, self.path = self._tuned(base, config, backend, tuning.parse_floor(quality_floor), shape)
+        else:
+            self.encoder, self.path = self._choose(base, config, backend)
         if spec.kind == "rerank":
             self.head = ScoreHead(model, self.head_reads, spec.activation, spec.name)
         else:
@@ -139,6 +151,65 @@ class ModelRunner:
         self.fallback_reason = "; ".join(reasons)
         return encoder, f"hf-padded/{self.device.type}/{self._precision_label()}"
 
+    def _tuned(self, base, config, backend: str, floor: tuning.QualityFloor, shape: str):
+        """The measured choice: cached measurements when this host, thread count, library versions and model
+        were measured before, else measure now (and cache)."""
+        why = bert.supports(config) or (None if self.spec.kind == "embed" else "tuning covers embedding models")
+        self.precision = "float32"
+        if why:
+            log.warning("tuning_not_available", model=self.spec.name, why=why, precision="float32")
+            return self._choose(base, config, backend)
+        threads = int(self.threads or torch.get_num_threads())
+        reference, _ = self._choose(base, config, "packed")
+        self.head = EmbeddingHead(self.spec, self.hidden_size, self.device)  # the tuner pools through it
+        backends = ("packed",) if backend == "packed" else ("openvino", "packed")
+        measured = tuner.load(self.spec, threads, backends)
+        if measured is None:
+            log.info("engine_tuning", model=self.spec.name, threads=threads,
+                     cache=str(tuner.cache_path(self.spec, threads, backends)))
+            from embedstream.engine.tokenize import TextTokenizer, load_tokenizer, st_lowercase
+
+            tokenizer = TextTokenizer(load_tokenizer(self.spec.path), self.spec.max_tokens, st_lowercase(self.spec.path))
+            measured = tuner.tune(
+                reference, self.head, tokenizer, lambda p: self.build_path(base, config, p)[0], threads,
+                (lambda precision: openvino_encoder.supports(config, precision)) if "openvino" in backends else None,
+                lambda: bert.PackedBertEncoder(base, config, self.device, self.dtype, "int8",
+                                               calibration=self._calibration(base, config),
+                                               plan=bert.Int8Plan(frozenset())))
+            tuner.save(self.spec, threads, measured)
+            log.info("engine_tuned", model=self.spec.name, seconds=measured.seconds, paths=len(measured.measurements))
+        self.tuning = measured
+        pool = [m for m in measured.measurements if backend not in ("packed", "openvino") or m.path.backend == backend]
+        self.choice = tuning.choose(pool, floor, shape)
+        won = self.choice.winner.path
+        encoder, path = (reference, None) if won == tuning.PathSpec("packed", "float32") else \
+            self.build_path(base, config, won)
+        self.precision = won.precision
+        self.head_reads = "all" if won.backend == "openvino" else bert.HEAD_READS
+        path = path or f"packed-bert/{self.device.type}/{attention_kernel_name(self.device, self.dtype, encoder.head_dim)}/float32"
+        log.info("engine_path_chosen", model=self.spec.name, path=path, **self.choice.summary())
+        return encoder, path
+
+    def _calibration(self, base, config):
+        return calibrate.load_or_calibrate(
+            self.spec, lambda: bert.PackedBertEncoder(base, config, self.device, self.dtype, "float32"))
+
+    def build_path(self, base, config, path: tuning.PathSpec):
+        """(encoder, path name) for a measured path (BERT family, CPU)."""
+        if path.backend == "openvino":
+            int8 = path.precision == "int8"
+            encoder = OpenVINOEncoder(self.spec, config, path.precision, self.threads,
+                                      keep_float=path.keep_float if int8 else None,
+                                      float_dtype=(path.float_dtype or None) if int8 else None)
+            return encoder, f"openvino/cpu/{path.label.split(' ', 1)[1]}"
+        plan = None
+        if path.precision == "int8":
+            plan = bert.Int8Plan(frozenset(path.keep_float), path.float_dtype or "float32", path.activations == "per_token")
+        encoder = bert.PackedBertEncoder(base, config, self.device, self.dtype, path.precision,
+                                         calibration=self._calibration(base, config) if plan else None, plan=plan)
+        kernel = attention_kernel_name(self.device, self.dtype, encoder.head_dim)
+        return encoder, f"packed-bert/{self.device.type}/{kernel}/{path.label.split(' ', 1)[1]}"
+
     def _build_packed(self, cls, base, config):
         """The packed encoder; BERT-family int8 is static, with ranges calibrated once and cached."""
         if self.precision == "int8" and cls is bert.PackedBertEncoder and onednn_int8_available():
@@ -154,7 +225,17 @@ class ModelRunner:
         return self.precision
 
     def describe(self) -> str:
-        return self.path
+        """The path that runs; when tuned, also what it measured, against the runner-up and float32's best."""
+        if self.choice is None:
+            return self.path
+        c = self.choice
+        unit = (lambda m: f"{m.bulk_tok_s:,.0f} tok/s") if c.shape == "bulk" else (lambda m: f"{m.query_ms:.2f} ms/query")
+        won = c.winner
+        text = (f"{self.path} [tuned for {c.shape} at {c.floor}: {unit(won)}, recall@10 {won.recall_at_10:.3f}, "
+                f"min cos {won.min_cos:.5f}")
+        if c.runner_up is not None:
+            text += f"; runner-up {c.runner_up.path.label} {unit(c.runner_up)}"
+        return text + "]"
 
     def flops_per_token(self, length: int) -> float:
         return self.encoder.flops_per_token(length)

@@ -6,18 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import isolated_settings, make_engine, memory_store, wait_for
-from kafka import KafkaProducer
 from structlog.testing import capture_logs
 
 from embedstream.engine.backends import openvino_encoder
 from embedstream.engine.engine import EmbedRequest
 from embedstream.producers.topics import ensure_topics
-from embedstream.schemas import ChunkEvent
-from embedstream.schemas.codec import encode
 from embedstream.workers.runtime import build_embed_worker
 from embedstream.workers.sink import point_id
 
-from worker_rig import Running
+from worker_rig import Running, publish_bulk_chunks
 
 pytestmark = [pytest.mark.kafka,
               pytest.mark.skipif(openvino_encoder.missing() is not None, reason=f"{openvino_encoder.missing()}")]
@@ -31,11 +28,7 @@ def test_openvino_worker_indexes_what_the_packed_path_would_and_warns_on_shared_
     packed = make_engine(tiny_bert_dir, name="tiny-ov", engine={"backend": "packed"})
     settings.default_model = "tiny-ov"
     texts = [f"document {i} " + "about foxes and dogs " * (1 + i % 9) for i in range(30)]
-    producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
-    for i, text in enumerate(texts):
-        producer.send(settings.kafka.topic_chunks_bulk, key=f"d{i}".encode(),
-                      value=encode(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=text)))
-    producer.flush()
+    publish_bulk_chunks(settings, texts)
     with capture_logs() as logs:
         worker = build_embed_worker(settings, ("online", "bulk"), store=store, engine=engine)
     warnings = [e for e in logs if e["event"] == "online_waits_for_bulk_passes"]

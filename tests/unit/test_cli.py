@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from embedstream.cli import app
 
 GROUPS = {
-    (): {"embed", "score", "produce", "query", "search", "reindex", "demo", "worker", "gateway", "bench", "plan",
-         "dev", "schemas"},
+    (): {"embed", "score", "engine", "produce", "query", "search", "reindex", "demo", "worker", "gateway", "bench",
+         "plan", "dev", "schemas"},
+    ("engine",): {"tune"},
     ("worker",): {"embed", "rerank", "cdc"},
     ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway", "latency", "host", "transport", "cdc"},
     ("dev",): {"kafka", "postgres", "connect"},

@@ -55,6 +55,20 @@ INT8_RECIPE: dict[str, Int8Recipe | None] = {"qkv": Int8Recipe(), "out": Int8Rec
                                              "down": None}
 
 
+@dataclass(frozen=True)
+class Int8Plan:
+    """A measured int8 recipe (engine/tuner.py): which linears stay unquantised (by name, ``layers.3.down``),
+    the dtype they run in, and static or per-token activation scales for the rest. None (the default) is
+    ``INT8_RECIPE``: every FFN-down kept, per-token scales, bf16 where the CPU has it natively."""
+
+    keep_float: frozenset[str]
+    float_dtype: str = "float32"  # float32 | bfloat16
+    per_token: bool = True
+
+    def recipe(self, name: str) -> Int8Recipe | None:
+        return None if name in self.keep_float else Int8Recipe(per_token=self.per_token)
+
+
 def supports(config) -> str | None:
     """None when covered, else the reason the packed path cannot run this model."""
     if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -82,9 +96,9 @@ class PackedBertEncoder:
     """Runs a Hugging Face BERT-family base model on a PackedBatch; returns hidden states [T, H]."""
 
     def __init__(self, base_model, config, device: torch.device, dtype: torch.dtype, precision: str = "float32",
-                 calibration: dict | None = None):
+                 calibration: dict | None = None, plan: Int8Plan | None = None):
         """``calibration`` (calibrate.Stats, int8 only): activation ranges for static int8; without it
-        int8 is dynamic quantization."""
+        int8 is dynamic quantization. ``plan``: which linears stay float and how (default ``INT8_RECIPE``)."""
         self.heads = config.num_attention_heads
         self.hidden = config.hidden_size
         self.head_dim = self.hidden // self.heads
@@ -105,16 +119,20 @@ class PackedBertEncoder:
         self.emb_ln = (t(emb.LayerNorm.weight), t(emb.LayerNorm.bias))
 
         static_int8 = precision == "int8" and calibration is not None and onednn_int8_available()
-        float_kept = "bfloat16" if cpu_has_native_bf16() else "float32"
+        float_kept = plan.float_dtype if plan else ("bfloat16" if cpu_has_native_bf16() else "float32")
+
+        def recipe_of(name: str) -> Int8Recipe | None:
+            return plan.recipe(name) if plan else INT8_RECIPE[name.rsplit(".", 1)[-1]]
 
         def linear(weight: torch.Tensor, bias: torch.Tensor, name: str):
             if not static_int8:
                 return make_linear(t(weight), t(bias), precision)
             kind = name.rsplit(".", 1)[-1]
-            recipe = INT8_RECIPE[kind]
+            recipe = recipe_of(name)
             if recipe is None:
                 return make_linear(t(weight), t(bias), float_kept)
-            feeds_float = kind == "up" and INT8_RECIPE["down"] is None and float_kept == "bfloat16"
+            down = name.rsplit(".", 1)[0] + ".down"
+            feeds_float = kind == "up" and recipe_of(down) is None and float_kept == "bfloat16"
             return StaticInt8Linear(t(weight), t(bias), *calibration[name], smooth_alpha=recipe.smooth_alpha,
                                     out_dtype=torch.bfloat16 if feeds_float else torch.float32,
                                     per_token=recipe.per_token, float_channels=recipe.float_channels)

@@ -118,6 +118,29 @@ def export_onnx(spec, folder: Path) -> Path:
 
 INT8_RECIPE = "ffn-float"  # in the cached file's name: a new recipe quantises again
 FFN = (r".*layer\.\d+/output/dense/MatMul", r".*layer\.\d+/intermediate/dense/MatMul")  # BERT/RoBERTa exports
+# The packed encoder's linear kinds (bert.LINEAR_KINDS) as node name patterns of the exported graph.
+_NODE_PATTERNS = {"qkv": r"attention/self/(query|key|value)", "out": r"attention/output/dense",
+                  "up": r"intermediate/dense", "down": r"output/dense"}
+TUNED_CALIBRATION_TEXTS = 64  # the tuner's int8 variants: each is one more NNCF run at first start
+
+
+def node_patterns(linears) -> tuple[str, ...]:
+    """Node name patterns for linears named like the packed encoder's (``layers.3.down``)."""
+    out = []
+    for name in sorted(linears):
+        _, layer, kind = name.split(".")
+        out.append(rf".*layer\.{int(layer)}/{_NODE_PATTERNS[kind]}/MatMul")
+    return tuple(out)
+
+
+def int8_recipe_name(linears) -> str:
+    """The cached file's recipe name for a tuned set of unquantised linears."""
+    import hashlib
+
+    if not linears:
+        return f"all-t{TUNED_CALIBRATION_TEXTS}"
+    digest = hashlib.sha256(",".join(sorted(linears)).encode()).hexdigest()[:10]
+    return f"keep{len(linears)}-{digest}-t{TUNED_CALIBRATION_TEXTS}"
 
 
 def nncf_int8(spec, onnx_path: Path, keep_float: tuple[str, ...] = FFN, recipe: str = INT8_RECIPE,
@@ -195,7 +218,10 @@ class OpenVINOEncoder:
 
     HINTS = {"float32": "f32", "bfloat16": "bf16"}  # int8: the quantised ops in int8, the rest in bf16 where native
 
-    def __init__(self, spec, config, precision: str, threads: int | None = None):
+    def __init__(self, spec, config, precision: str, threads: int | None = None,
+                 keep_float: tuple[str, ...] | None = None, float_dtype: str | None = None):
+        """int8 only: ``keep_float`` the linears (packed names, ``layers.3.down``) left unquantised (None: both
+        FFN projections, ``INT8_RECIPE``), ``float_dtype`` what they run in (None: bf16 where native)."""
         why = supports(config, precision)
         if why:
             raise ConfigError(f"backend=openvino cannot run {spec.name} at {precision}: {why}")
@@ -204,9 +230,18 @@ class OpenVINOEncoder:
         folder = calibrate.artifacts_dir(spec.path, calibrate.model_key(spec.path)) / "openvino"
         onnx_path = export_onnx(spec, folder)
         core = ov.Core()
-        model = nncf_int8(spec, onnx_path) if precision == "int8" else core.read_model(str(onnx_path))
+        if precision != "int8":
+            model = core.read_model(str(onnx_path))
+        elif keep_float is None:
+            model = nncf_int8(spec, onnx_path)
+        else:
+            model = nncf_int8(spec, onnx_path, node_patterns(keep_float), int8_recipe_name(keep_float),
+                              TUNED_CALIBRATION_TEXTS)
+        native = "bf16" if cpu_has_native_bf16() else "f32"
+        hint = {"float32": "f32", "bfloat16": "bf16"}.get(float_dtype or "", native) if precision == "int8" \
+            else self.HINTS.get(precision, native)
         self.compiled = core.compile_model(model, "CPU", {
-            "INFERENCE_PRECISION_HINT": self.HINTS.get(precision, "bf16" if cpu_has_native_bf16() else "f32"),
+            "INFERENCE_PRECISION_HINT": hint,
             "INFERENCE_NUM_THREADS": int(threads or 0),
             "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
         })
