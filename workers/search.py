@@ -42,6 +42,7 @@ from embedstream.vectors import (
     matryoshka_cut,
     parse_mrl_name,
     parse_sparse_name,
+    SparseVector,
     query_form,
     uint8_decode,
 )
@@ -78,7 +79,8 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
     The embed request inherits the search's deadline (``deadline_ms``): the embed worker sheds it
     with ``deadline_exceeded`` rather than computing a vector the search can no longer use."""
 
-    def embed(text: str, deadline_ms: int | None = None) -> np.ndarray:
+    def embed(text: str, deadline_ms: int | None = None, sparse: bool = False):
+        """The query's dense vector; with ``sparse`` (hybrid) also its sparse vector, from the same worker pass."""
         timeout = timeout_s
         if deadline_ms is not None:
             remaining_s = (deadline_ms - now_ms()) / 1000
@@ -86,15 +88,21 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
                 raise SearchError("deadline_exceeded", "the search's deadline passed before its query was embedded")
             timeout = min(timeout_s, remaining_s)
         try:
-            reply = client.embed(text, model=model, timeout_s=timeout, prompt="query")
+            reply = client.embed(text, model=model, timeout_s=timeout, prompt="query", sparse=sparse)
         except TimeoutError as exc:
             raise SearchError("embed_timeout", str(exc)) from None
         if reply.error is not None:
             raise SearchError(reply.error.code, reply.error.message)
-        return np.asarray(reply.embedding, dtype=np.float32)
+        vector = np.asarray(reply.embedding, dtype=np.float32)
+        if not sparse:
+            return vector
+        if reply.sparse is None:
+            raise SearchError("sparse_unavailable", "the embed worker returned no sparse vector for the query")
+        return vector, SparseVector.of(reply.sparse.indices, reply.sparse.values)
 
     embed.model = model  # type: ignore[attr-defined]
     embed.takes_deadline = True  # type: ignore[attr-defined]
+    embed.gives_sparse = True  # type: ignore[attr-defined] - hybrid queries' sparse vectors from the embed workers
     return embed
 
 
@@ -196,14 +204,15 @@ class Searcher:
         return collection
 
     def _check_hybrid(self, collection: str, plan: SearchPlan) -> None:
-        if self.sparse is None:
+        remote = getattr(self.embedder, "gives_sparse", False)  # the embed workers' encoder: they check
+        if self.sparse is None and not remote:
             raise SearchError("hybrid_unavailable", "no sparse encoder is configured here (EMBEDSTREAM_SPARSE__KIND); "
                                                     "send mode=dense")
         if plan.sparse_name is None:
             raise SearchError("no_sparse_vector", (
                 f"collection {collection!r} has no sparse vector (it was written without EMBEDSTREAM_SPARSE__KIND); "
                 f"re-index it with a sparse encoder, or send mode=dense"))
-        if parse_sparse_name(plan.sparse_name) != self.sparse.kind:
+        if self.sparse is not None and parse_sparse_name(plan.sparse_name) != self.sparse.kind:
             raise SearchError("sparse_mismatch", (
                 f"collection {collection!r} holds {plan.sparse_name}, this searcher encodes {self.sparse.kind} queries"))
 
@@ -213,9 +222,17 @@ class Searcher:
         collection = request.collection or self.default_collection
         plan = self.plan(collection)
         start = time.perf_counter()
+        hybrid = request.mode == "hybrid"
+        if hybrid:
+            self._check_hybrid(collection, plan)
+        remote_sparse = hybrid and self.sparse is None  # the embed workers send it with the dense vector
+        sparse = None
         try:
-            vector = (self.embedder(request.query, deadline_ms=request.deadline_ms)  # type: ignore[call-arg]
-                      if getattr(self.embedder, "takes_deadline", False) else self.embedder(request.query))
+            if remote_sparse:
+                vector, sparse = self.embedder(request.query, deadline_ms=request.deadline_ms, sparse=True)  # type: ignore[call-arg]
+            else:
+                vector = (self.embedder(request.query, deadline_ms=request.deadline_ms)  # type: ignore[call-arg]
+                          if getattr(self.embedder, "takes_deadline", False) else self.embedder(request.query))
             query = np.asarray(vector, dtype=np.float32)
         except EngineError as err:
             raise SearchError(err.code, err.message) from None
@@ -228,12 +245,12 @@ class Searcher:
             )
         query = l2_normalize(query)
         timings = {"embed": (embedded - start) * 1000}
-        if request.mode == "hybrid":
-            self._check_hybrid(collection, plan)
-            try:
-                sparse = self.sparse.encode_texts([request.query], query=True)[0]  # type: ignore[union-attr]
-            except EngineError as err:
-                raise SearchError(err.code, err.message) from None
+        if hybrid:
+            if sparse is None:
+                try:
+                    sparse = self.sparse.encode_texts([request.query], query=True)[0]  # type: ignore[union-attr]
+                except EngineError as err:
+                    raise SearchError(err.code, err.message) from None
             encoded = time.perf_counter()
             timings["sparse"] = (encoded - embedded) * 1000
             hits = self.store.fused_search(collection, [

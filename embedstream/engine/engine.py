@@ -43,6 +43,9 @@ class EmbedRequest:
     # when ``tokenizer`` equals the engine's ``document_fingerprint``, else the text is tokenized.
     token_ids: np.ndarray | None = None
     tokenizer: str | None = None  # the fingerprint the ids were made with
+    # With a sparse encoder: compute this text's sparse vector too. None: for documents, not for queries
+    # (a query's sparse vector is asked for: a search encodes its own, /embed_sparse asks).
+    sparse: bool | None = None
 
 
 @dataclass
@@ -90,6 +93,10 @@ class ScoreResult:
 
     def to_json(self) -> dict:
         return _item_json(self, lambda: {"score": self.score})
+
+
+def _wants_sparse(request: EmbedRequest) -> bool:
+    return request.sparse if request.sparse is not None else request.prompt != "query"
 
 
 def _item_json(item: EmbedResult | ScoreResult, body: Callable[[], dict]) -> dict:
@@ -229,8 +236,13 @@ class Engine:
         if self.sparse is None:
             return vectors
         start = time.perf_counter()
-        sparse = self.sparse.encode(items, [p.request.prompt == "query" for p in items],
-                                    [not self._prompt(p.request) for p in items])
+        sparse: list[SparseVector | None] = [None] * len(items)
+        wanted = [i for i, p in enumerate(items) if _wants_sparse(p.request)]
+        if wanted:
+            chosen = [items[i] for i in wanted]
+            for i, vector in zip(wanted, self.sparse.encode(chosen, [p.request.prompt == "query" for p in chosen],
+                                                            [not self._prompt(p.request) for p in chosen])):
+                sparse[i] = vector
         timings.sparse_ms = (timings.sparse_ms or 0.0) + (time.perf_counter() - start) * 1000
         return with_sparse(vectors, sparse)
 

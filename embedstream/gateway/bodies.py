@@ -85,6 +85,15 @@ class TeiEmbed(_Body):
     dimensions: StrictInt | None = None
 
 
+class TeiEmbedSparse(_Body):
+    """TEI ``POST /embed_sparse``."""
+
+    inputs: Union[StrictStr, list[StrictStr]]
+    truncate: StrictBool | None = None
+    truncation_direction: Literal["Right", "Left", "right", "left"] = "Right"
+    prompt_name: StrictStr | None = None
+
+
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 
