@@ -1,7 +1,8 @@
 """SPLADE: a masked-LM head over the packed hidden states, pooled to one weight per vocabulary term.
 
 ``w[v] = max over the sequence's tokens of log(1 + relu(logit[token, v]))`` (SPLADE-max; special
-tokens included, as the reference implementations mask only padding). The model is any
+tokens included, as the reference implementations mask only padding), computed as
+``log(1 + relu(max logit))`` (the same number: the function is monotonic). The model is any
 ``*ForMaskedLM`` folder: the runner loads it with its head and runs the encoder on the packed layout
 like the dense models (``runner.py``, ``backends/``); :class:`SpladeHead` is the head the runner
 applies to the packed hidden states, in row blocks so a [tokens, vocabulary] matrix never exists
@@ -61,15 +62,21 @@ class SpladeHead:
         self.dimensions = self.vocab_size
 
     def project(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        lengths = torch.tensor(batch.lengths, device=hidden.device)
-        sequence = torch.repeat_interleave(torch.arange(len(batch.lengths), device=hidden.device), lengths)
-        out = torch.zeros(len(batch.lengths), self.vocab_size, device=hidden.device, dtype=torch.float32)
-        for start in range(0, hidden.shape[0], ROW_BLOCK):
-            weights = torch.log1p(torch.relu(self.head(hidden[start:start + ROW_BLOCK]).float()))
-            rows = sequence[start:start + ROW_BLOCK, None].expand_as(weights)
-            out.scatter_reduce_(0, rows, weights, "amax")  # weights are >= 0: a max from the zeros is theirs
-        return out
-
+        """log(1 + relu(.)) is monotonic, so the max of the weights is the weight of the max logit: each
+        sequence's logits are max-reduced first and the weight taken on [B, V] only, never on [T, V].
+        Sequences of one length sit together (``batch.groups``): a run of them reduces as one
+        [n, length, V] block, ``ROW_BLOCK`` tokens at a time."""
+        out = torch.empty(len(batch.lengths), self.vocab_size, device=hidden.device, dtype=torch.float32)
+        row = 0
+        for first, count, length in batch.groups:
+            step = max(1, ROW_BLOCK // length)
+            for at in range(0, count, step):
+                n = min(step, count - at)
+                start = first + at * length
+                logits = self.head(hidden[start:start + n * length]).float()
+                out[row:row + n] = logits.view(n, length, -1).amax(dim=1)
+                row += n
+        return torch.log1p(torch.relu(out))
 
 class SpladeEncoder(SparseEncoder):
     """SPLADE vectors on the packed path, in the engine's batches (see the module docstring)."""
