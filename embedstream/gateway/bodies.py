@@ -142,3 +142,7 @@ class SearchBody(_Body):
     top_n: StrictInt = 10
     filters: dict[str, Any] = Field(default_factory=dict)
     rerank: StrictBool = True
+    mode: Literal["dense", "hybrid"] = "dense"  # hybrid: dense and sparse searches fused by the store
+    fusion: Literal["rrf", "dbsf"] = "rrf"
+    dense_limit: StrictInt | None = None
+    sparse_limit: StrictInt | None = None
