@@ -17,7 +17,8 @@ from embedstream.schemas import ChunkEvent, DocumentDelete
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.vectorstore import VectorSpec
 from embedstream.workers.runtime import build_embed_worker
-from embedstream.workers.search import Searcher
+from embedstream.producers.query_client import QueryClient
+from embedstream.workers.search import Searcher, kafka_embedder
 from embedstream.workers.sink import point_id
 
 from worker_rig import RunningWorker
@@ -38,7 +39,7 @@ def test_dense_and_sparse_in_one_point_deleted_together_and_hybrid_finds_exact_t
     labelled = hybrid_set.build(chunks=400, known_items=0, exact=60, seed=3)
     store = memory_store()
     collection = settings.qdrant.collection
-    with RunningWorker(settings, engine, store, lanes=("bulk",)):
+    with RunningWorker(settings, engine, store, lanes=("online", "bulk")):
         with ChunkPublisher(settings.kafka, lane="bulk") as pub:
             for i, text in enumerate(labelled.chunks):
                 pub.publish_chunk(ChunkEvent(doc_id=f"c{i}", chunk_id=0, text=text))
@@ -70,6 +71,14 @@ def test_dense_and_sparse_in_one_point_deleted_together_and_hybrid_finds_exact_t
             if rank(text, mode="hybrid") is not None:
                 found.append(text)
         assert len(found) >= 0.9 * len(missed_by_dense), (len(found), len(missed_by_dense))
+
+        # the stages apart: the query's dense and sparse vectors come from the embed worker's one pass
+        with QueryClient(settings.kafka) as client:
+            remote = Searcher(store, kafka_embedder(client, timeout_s=30), None, collection)
+            for text, _ in missed_by_dense[:3]:
+                here, there = searcher.search(_request(text, mode="hybrid")), remote.search(_request(text, mode="hybrid"))
+                assert there.error is None, there.error
+                assert [h.id for h in there.hits] == [h.id for h in here.hits]
 
         # a delete removes the point, and with it both vectors: neither search finds the chunk again
         text, answer = missed_by_dense[0]
