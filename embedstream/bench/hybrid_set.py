@@ -17,9 +17,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from embedstream.bench.corpus import stdlib_paragraphs
-
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
+from embedstream.bench.corpus import SENTENCE, sentence_chunks, stdlib_paragraphs
 # dotted names (two parts or more), snake_case, camelCase; letters first, so plain numbers never count
 IDENTIFIER = re.compile(
     r"(?<![\w.])(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[a-z][a-z0-9]*_[a-z0-9_]*[a-z0-9]"
@@ -43,22 +41,6 @@ class HybridSet:
         return [q for q in self.queries if q.kind == kind]
 
 
-def _chunks(paragraphs: list[str], chunk_words: int) -> list[str]:
-    """Paragraphs cut at sentence boundaries into chunks of at most ~``chunk_words`` words."""
-    out: list[str] = []
-    for para in paragraphs:
-        current: list[str] = []
-        for sentence in _SENTENCE.split(para):
-            words = sentence.split()
-            if current and len(current) + len(words) > chunk_words:
-                out.append(" ".join(current))
-                current = []
-            current.extend(words)
-        if current:
-            out.append(" ".join(current))
-    return list(dict.fromkeys(out))
-
-
 def exact_terms(chunks: list[str]) -> dict[str, int]:
     """Identifiers that occur (as whole tokens) in exactly one chunk: identifier -> that chunk's index.
     An identifier counts as occurring wherever its text appears, so one contained in another chunk's
@@ -78,12 +60,12 @@ def build(chunks: int = 3000, known_items: int = 200, exact: int = 200, seed: in
     rng = random.Random(seed)
     paragraphs = list(stdlib_paragraphs())
     rng.shuffle(paragraphs)
-    texts = _chunks(paragraphs, chunk_words)[:chunks]
+    texts = list(dict.fromkeys(chunk for para in paragraphs for chunk in sentence_chunks(para, chunk_words)))[:chunks]
     # known-item: a sentence of a multi-sentence chunk leaves it and becomes the query
-    candidates = [i for i, text in enumerate(texts) if len(_SENTENCE.split(text)) >= 3]
+    candidates = [i for i, text in enumerate(texts) if len(SENTENCE.split(text)) >= 3]
     queries: list[LabelledQuery] = []
     for i in rng.sample(candidates, min(known_items, len(candidates))):
-        sentences = _SENTENCE.split(texts[i])
+        sentences = SENTENCE.split(texts[i])
         pick = rng.randrange(len(sentences))
         if len(sentences[pick].split()) < _MIN_QUERY_WORDS:
             pick = max(range(len(sentences)), key=lambda s: len(sentences[s].split()))

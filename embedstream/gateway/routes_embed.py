@@ -43,16 +43,21 @@ async def openai_embeddings(gateway: Gateway, request: Request) -> VectorRespons
     return _respond(out, done, texts)
 
 
-async def tei_embed(gateway: Gateway, request: Request) -> VectorResponse:
-    """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
-    deadline = gateway.deadline(request.headers)
-    body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+def _tei_texts(gateway: Gateway, body: TeiEmbed | TeiEmbedSparse) -> list[str]:
+    """A TEI body's inputs as a list, its prompt and truncation direction checked."""
     if body.prompt_name not in (None, "query", "document"):
         raise ApiError(422, "unknown_prompt", f"prompt_name {body.prompt_name!r} is not a prompt of "
                        f"{gateway.spec.name!r} (query, document)", param="prompt_name")
     if body.truncate and body.truncation_direction.lower() == "left":
         raise ApiError(422, "truncate_unsupported", "only right truncation is done", param="truncation_direction")
+    return [body.inputs] if isinstance(body.inputs, str) else body.inputs
+
+
+async def tei_embed(gateway: Gateway, request: Request) -> VectorResponse:
+    """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
+    deadline = gateway.deadline(request.headers)
+    body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
+    texts = _tei_texts(gateway, body)
     ask = EmbedAsk(texts, body.dimensions, body.prompt_name, body.truncate, body.normalize)  # type: ignore[arg-type]
     done = await gateway.embed(ask, deadline, what="inputs")
     return _respond(done.vectors, done, texts)
@@ -63,12 +68,7 @@ async def tei_embed_sparse(gateway: Gateway, request: Request) -> VectorResponse
     (``EMBEDSTREAM_SPARSE__KIND``; a worker without a sparse encoder refuses with ``sparse_unavailable``)."""
     deadline = gateway.deadline(request.headers)
     body = validate(TeiEmbedSparse, await read_json(request, gateway.options.max_body_bytes))
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    if body.prompt_name not in (None, "query", "document"):
-        raise ApiError(422, "unknown_prompt", f"prompt_name {body.prompt_name!r} is not a prompt of "
-                       f"{gateway.spec.name!r} (query, document)", param="prompt_name")
-    if body.truncate and body.truncation_direction.lower() == "left":
-        raise ApiError(422, "truncate_unsupported", "only right truncation is done", param="truncation_direction")
+    texts = _tei_texts(gateway, body)
     ask = EmbedAsk(texts, None, body.prompt_name, body.truncate, sparse=True)  # type: ignore[arg-type]
     done = await gateway.embed(ask, deadline, what="inputs")
     out = []

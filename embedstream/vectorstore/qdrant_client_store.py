@@ -69,6 +69,16 @@ def _to_qdrant(vector: Any) -> Any:
     return as_float_list(vector) if not isinstance(vector, list) else vector
 
 
+def _search_params(spec: Any) -> models.SearchParams | None:
+    """Rescoring with the original vectors where a vector is quantized (local mode is brute force and
+    warns on every call given search params: callers skip it there)."""
+    kind = getattr(spec, "quantization", None)
+    if kind is None:
+        return None
+    return models.SearchParams(
+        quantization=models.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
+
+
 def _from_qdrant(vector: Any) -> Any:
     if isinstance(vector, models.SparseVector):
         return SparseVector.of(vector.indices, vector.values)
@@ -376,15 +386,7 @@ class QdrantClientStore(VectorStore):
         check_top_k(top_k)
         flt = _build_filter(filter)
         # Local mode is brute force and warns on every call if given search params.
-        spec = None if self.is_local else self._cached_specs(name).get(vector_name)
-        quantization = spec.quantization if spec is not None else None
-        params = (
-            None
-            if quantization is None
-            else models.SearchParams(
-                quantization=models.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(quantization))
-            )
-        )
+        params = None if self.is_local else _search_params(self._cached_specs(name).get(vector_name))
         pf = None
         if prefetch:
             pf = [
@@ -434,11 +436,7 @@ class QdrantClientStore(VectorStore):
         flt = _build_filter(filter)
 
         def params(spec: Any) -> models.SearchParams | None:
-            kind = None if self.is_local else getattr(spec, "quantization", None)
-            if kind is None:
-                return None
-            return models.SearchParams(quantization=models.QuantizationSearchParams(
-                rescore=True, oversampling=quant_oversampling(kind)))
+            return None if self.is_local else _search_params(spec)
 
         try:
             res = self.client.query_points(
