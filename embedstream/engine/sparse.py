@@ -46,9 +46,9 @@ class SparseEncoder(ABC):
         before it), so an encoder with the same tokenizer may use them as they are. None where no
         vector can be made for an item."""
 
+    @abstractmethod
     def encode_texts(self, texts: list[str], query: bool) -> list[SparseVector]:
-        """Vectors of plain texts (a search's query, the gateway's ``/embed_sparse``)."""
-        raise NotImplementedError
+        """Vectors of plain texts (a search's query, a benchmark's documents)."""
 
     def describe(self) -> str:
         return f"{self.kind} ({self.model})"

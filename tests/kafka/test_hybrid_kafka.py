@@ -130,3 +130,29 @@ def test_gateway_embed_sparse_and_info(kafka_bootstrap):
                 assert [t["index"] for t in got] == want.indices.tolist()
                 np.testing.assert_allclose([t["value"] for t in got], want.values, atol=1e-5)
             assert info["sparse_model"] == {"kind": "splade", "model_id": "splade-tiny"}
+
+
+def test_chunks_for_a_collection_without_the_sparse_vector_are_dead_lettered_and_the_rest_indexed(kafka_bootstrap):
+    """A producer names another (allowed) collection created before sparse vectors were switched on: its
+    chunks are refused with the reason, the chunks around them are indexed with both vectors."""
+    from conftest import read_dead_letters
+
+    settings = isolated_settings(kafka_bootstrap, "hybrid-mixed")
+    settings.sparse.kind = "bm25"
+    settings.engine.threads = 1
+    settings.trust.collections = ["legacy"]
+    ensure_topics(settings.kafka, partitions=1)
+    engine = Engine.from_name("all-MiniLM-L6-v2", settings)
+    store = memory_store()
+    store.ensure_collection("legacy", {"full": VectorSpec(384)})
+    collection = settings.qdrant.collection
+    with RunningWorker(settings, engine, store, lanes=("bulk",)):
+        with ChunkPublisher(settings.kafka, lane="bulk") as pub:
+            for i in range(12):
+                pub.publish_chunk(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=f"chunk {i} about sockets and files",
+                                             collection="legacy" if i % 4 == 1 else None))
+        wait_for(lambda: store.collection_exists(collection) and store.count(collection) == 9, 120, "9 good chunks")
+        letters = read_dead_letters(settings, 3, timeout_s=60)
+    assert len(letters) == 3 and all("sparse_bm25" in letter.error.message for letter in letters), letters
+    assert store.count("legacy") == 0
+    assert all(set(p.vectors) == {"full", "sparse_bm25"} for p in store.scroll(collection, with_vectors=True))
