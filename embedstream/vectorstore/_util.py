@@ -41,9 +41,11 @@ def prepare_sparse(vname: str, vector: Any) -> SparseVector:
         raise ValueError(f"vector {vname!r} is sparse: give a SparseVector, got {type(vector).__name__}") from None
 
 
-def check_fused(prefetch: Sequence[Prefetch], fusion: str, specs: Mapping[str, AnySpec], collection: str) -> None:
-    """A fused search's inputs: a known fusion, at least one prefetch, names the collection has, sparse
-    vectors for sparse names only, positive limits."""
+def check_fused(prefetch: Sequence[Prefetch], top_k: int, fusion: str, specs: Mapping[str, AnySpec],
+                collection: str) -> None:
+    """A fused search's inputs: a positive top_k, a known fusion, at least one prefetch, names the
+    collection has, sparse vectors for sparse names only, positive limits."""
+    check_top_k(top_k)
     if fusion not in FUSIONS:
         raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
     if not prefetch:

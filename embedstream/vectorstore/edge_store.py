@@ -530,10 +530,9 @@ class EdgeStore(VectorStore):
         filter: Mapping[str, FilterValue] | None = None,
     ) -> list[Hit]:
         """One Query API call: every prefetch on its own vector, fused by the engine."""
-        check_top_k(top_k)
         col = self.resolve(name)
         specs = self._load_specs(col)
-        check_fused(prefetch, fusion, specs, col)
+        check_fused(prefetch, top_k, fusion, specs, col)
         flt = _build_filter(filter)
         req = qe.QueryRequest(
             limit=top_k,

@@ -430,9 +430,8 @@ class QdrantClientStore(VectorStore):
         filter: Mapping[str, FilterValue] | None = None,
     ) -> list[Hit]:
         """One Query API call: the prefetches run and are fused by Qdrant (``FusionQuery``)."""
-        check_top_k(top_k)
         specs = self._cached_specs(name)
-        check_fused(prefetch, fusion, specs, name)
+        check_fused(prefetch, top_k, fusion, specs, name)
         flt = _build_filter(filter)
 
         def params(spec: Any) -> models.SearchParams | None:
