@@ -17,7 +17,7 @@ from embedstream.kafka_auth import MaskedSecret
 from embedstream.workers.trust import TrustSettings
 
 Pooling = Literal["cls", "mean", "last_token"]
-ModelKind = Literal["embed", "rerank"]
+ModelKind = Literal["embed", "rerank", "splade"]
 
 
 class ModelConfig(BaseModel):
@@ -46,6 +46,7 @@ def default_registry() -> dict[str, ModelConfig]:
             kind="embed",
         ),
         "sre-minilm": ModelConfig(path="package:sre_embedding_model/model_weights", kind="embed"),
+        "splade-tiny": ModelConfig(path="package:cognition/model", kind="splade"),
     }
 
 
@@ -94,6 +95,21 @@ class EngineSettings(BaseModel):
         if value < 1:
             raise ValueError("must be at least 1")
         return value
+
+
+class SparseSettings(BaseModel):
+    """The sparse vector written beside the dense one in every point (hybrid search; engine/sparse.py)."""
+
+    kind: Literal["none", "bm25", "splade"] = Field(
+        default="none", description="none: dense vectors only; bm25: term weights, IDF by Qdrant at search; "
+        "splade: a masked-LM model's term expansion (model)")
+    model: str = Field(default="splade-tiny", description="splade: registry name or folder of a *ForMaskedLM model")
+    bm25_tokenizer: Literal["words", "model"] = Field(
+        default="words", description="words: Qdrant's BM25 analyser (lowercase, stop words, Snowball stems); "
+        "model: the dense model's WordPiece tokens")
+    bm25_k: float = Field(default=1.2, ge=0)
+    bm25_b: float = Field(default=0.75, ge=0, le=1)
+    bm25_avg_len: float = Field(default=256.0, gt=0, description="Typical document length in terms (length normalisation)")
 
 
 class KafkaSettings(BaseModel):
@@ -342,6 +358,7 @@ class Settings(BaseSettings):
     models: dict[str, ModelConfig] = Field(default_factory=default_registry)
     default_model: str = "all-MiniLM-L6-v2"
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    sparse: SparseSettings = Field(default_factory=SparseSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)

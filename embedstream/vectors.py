@@ -11,13 +11,17 @@ every other part:
 * **int8**: symmetric, one scale per vector (``value ~= code * scale``, peak magnitude -> 127);
 * **uint8 storage**: the int8 codes shifted by 128 (Qdrant's uint8 datatype holds 0..255), the scale
   in the payload as ``_scale`` (``_scale_<d>`` for ``mrl_<d>``);
-* **L2 normalisation**: :func:`l2_normalize`, the one implementation.
+* **L2 normalisation**: :func:`l2_normalize`, the one implementation;
+* **sparse vectors** beside the dense ones in the same point: ``sparse_<kind>`` (``sparse_bm25``,
+  ``sparse_splade``), a :class:`SparseVector` of term ids and weights; BM25's is searched with
+  Qdrant's IDF modifier (:func:`sparse_modifier`).
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +31,11 @@ FULL = "full"
 SCALE_KEY = "_scale"
 STORAGE_DATATYPES = ("float32", "float16", "uint8")
 
+SPARSE_KINDS = ("bm25", "splade")
+
 _MRL_NAME = re.compile(r"^mrl_([1-9][0-9]*)$")
+_SPARSE_PREFIX = "sparse_"
+_SPARSE_MODIFIER = {"bm25": "idf", "splade": None}  # BM25 stores term frequencies; the IDF is Qdrant's, at search
 _NORM_FLOOR = 1e-12  # as torch.nn.functional.normalize: a zero vector stays zero instead of NaN
 _UINT8_SHIFT = 128
 
@@ -47,6 +55,25 @@ def parse_mrl_name(name: str) -> int | None:
     """``dims`` of an ``mrl_<dims>`` name; None for any other name (``full`` included)."""
     match = _MRL_NAME.match(name)
     return int(match.group(1)) if match else None
+
+
+def sparse_name(kind: str) -> str:
+    """The named sparse vector of a sparse encoder kind (``sparse_bm25``, ``sparse_splade``)."""
+    if kind not in SPARSE_KINDS:
+        raise ValueError(f"unknown sparse kind {kind!r}; expected one of {', '.join(SPARSE_KINDS)}")
+    return f"{_SPARSE_PREFIX}{kind}"
+
+
+def parse_sparse_name(name: str) -> str | None:
+    """The kind of a ``sparse_<kind>`` name; None for any other name."""
+    kind = name[len(_SPARSE_PREFIX):] if name.startswith(_SPARSE_PREFIX) else None
+    return kind if kind in SPARSE_KINDS else None
+
+
+def sparse_modifier(kind: str) -> str | None:
+    """What the store applies to a sparse kind's scores at search time: ``idf`` for BM25, nothing for SPLADE."""
+    sparse_name(kind)  # refuses an unknown kind
+    return _SPARSE_MODIFIER[kind]
 
 
 def scale_key(name: str) -> str:
@@ -149,3 +176,75 @@ def named_vectors(full: np.ndarray, matryoshka_dims: tuple[int, ...], datatype: 
         if scale is not None:
             scales[scale_key(name)] = scale
     return vectors, scales
+
+
+# -- sparse vectors -----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class SparseVector:
+    """Term ids (unique, ascending, 0..2**32-1) and their weights (finite float32)."""
+
+    indices: np.ndarray  # int64 [K]
+    values: np.ndarray  # float32 [K]
+
+    @classmethod
+    def of(cls, indices: Any, values: Any) -> "SparseVector":
+        """Checked and sorted by index; a repeated index, a negative or over-u32 one, or a non-finite weight is refused."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        val = np.asarray(values, dtype=np.float32).reshape(-1)
+        if idx.shape != val.shape:
+            raise ValueError(f"sparse vector: {idx.size} indices but {val.size} values")
+        if idx.size and (idx.min() < 0 or idx.max() > 0xFFFFFFFF):
+            raise ValueError("sparse vector indices must lie in 0..2**32-1")
+        if not np.isfinite(val).all():
+            raise ValueError("sparse vector values must be finite")
+        order = np.argsort(idx, kind="stable")
+        idx, val = idx[order], val[order]
+        if idx.size > 1 and np.any(idx[1:] == idx[:-1]):
+            raise ValueError("sparse vector indices must be unique")
+        return cls(idx, val)
+
+    @classmethod
+    def from_dense(cls, row: np.ndarray) -> "SparseVector":
+        """The non-zero entries of a dense row (a SPLADE activation over the vocabulary)."""
+        idx = np.flatnonzero(row)
+        return cls(idx.astype(np.int64), np.asarray(row, dtype=np.float32)[idx])
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, SparseVector) and np.array_equal(self.indices, other.indices)
+                and np.array_equal(self.values, other.values))
+
+    def to_json(self) -> list[dict]:
+        """TEI's ``/embed_sparse`` shape: ``[{"index": i, "value": v}, ...]``."""
+        return [{"index": int(i), "value": float(v)} for i, v in zip(self.indices, self.values)]
+
+
+class EncodedRow(np.ndarray):
+    """One dense vector (a 1-d float array) that carries its text's sparse vector as ``.sparse``.
+
+    The engine's per-item output: the embed worker hands rows on as they are and the sink writes
+    both into the same point (:func:`sparse_of`), so a deployment with a sparse encoder needs no
+    other path through the worker. Arrays derived from a row (slices, casts, stacks) are plain
+    ones: ``sparse`` is None on them."""
+
+    sparse: SparseVector | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.sparse = None
+
+
+def with_sparse(dense: np.ndarray, sparse: list[SparseVector | None]) -> list[EncodedRow]:
+    """The rows of a dense [N, D] matrix, each carrying its sparse vector."""
+    rows = []
+    for row, vector in zip(dense, sparse):
+        encoded = row.view(EncodedRow)
+        encoded.sparse = vector
+        rows.append(encoded)
+    return rows
+
+
+def sparse_of(vector: Any) -> SparseVector | None:
+    """The sparse vector an engine row carries (None for a plain array)."""
+    return getattr(vector, "sparse", None)

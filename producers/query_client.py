@@ -163,8 +163,10 @@ class QueryClient:
         dtype: Dtype = "float32",
         timeout_s: float = 5.0,
         prompt: PromptKind | None = "query",
+        sparse: bool = False,
     ) -> QueryReply:
-        """Embed one text on the online path. A worker error comes back in ``reply.error``, not raised."""
+        """Embed one text on the online path (``sparse``: its sparse vector too, in ``reply.sparse``). A worker
+        error comes back in ``reply.error``, not raised."""
         sent = now_ms()
         request = QueryRequest(
             request_id=uuid.uuid4().hex,
@@ -173,6 +175,7 @@ class QueryClient:
             dimensions=dimensions,
             dtype=dtype,
             prompt=prompt,
+            sparse=sparse,
             reply_to=self.reply_topic,
             deadline_ms=sent + int(timeout_s * 1000),
             sent_at_ms=sent,

@@ -234,9 +234,25 @@ class QueryRequest(WireModel):
     truncate: bool | None = Field(
         default=None, description="Cut a text over the model's token limit instead of refusing it; None = the model's setting"
     )
+    sparse: bool = Field(default=False, description="Also reply with the text's sparse vector (the worker's sparse "
+                         "encoder, EMBEDSTREAM_SPARSE__KIND); refused by a worker without one")
     reply_to: TopicName = Field(description="Topic the reply is produced to")
     deadline_ms: EpochMs | None = Field(default=None, description="Epoch ms after which workers may drop the request")
     sent_at_ms: EpochMs | None = None
+
+
+class SparseTerms(BaseModel):
+    """A sparse vector on the wire: term ids (ascending) and their weights, aligned."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    indices: list[WireInt]
+    values: list[float]
+
+    @classmethod
+    def of(cls, vector) -> "SparseTerms | None":
+        """From anything with ``indices`` and ``values`` arrays (embedstream.vectors.SparseVector); None stays None."""
+        return None if vector is None else cls(indices=vector.indices.tolist(), values=vector.values.tolist())
 
 
 class QueryReply(WireModel):
@@ -254,6 +270,7 @@ class QueryReply(WireModel):
     model: str | None = None
     timings_ms: dict[str, float] = Field(default_factory=dict)
     error: ErrorInfo | None = None
+    sparse: SparseTerms | None = Field(default=None, description="The text's sparse vector, when the request asked")
 
 
 class DeadLetter(WireModel):

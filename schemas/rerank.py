@@ -8,7 +8,7 @@ set; a record that does not decode goes to the dead-letter topic.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,6 +98,8 @@ class SearchRequest(WireModel):
         {"request_id": "s2", "query": "q", "collection": "docs_v2", "top_k": 100, "top_n": 5, "rerank": False,
          "filters": {"lang": "en", "year": [2023, 2024]}, "reply_to": "embedstream.replies.gw1",
          "deadline_ms": 1700000000500, "sent_at_ms": 1700000000000},
+        {"request_id": "s3", "query": "ERR_CONN_RESET in urllib", "mode": "hybrid", "fusion": "rrf",
+         "dense_limit": 100, "sparse_limit": 100, "top_k": 50, "top_n": 10, "reply_to": "embedstream.replies"},
     ]})
 
     request_id: Name
@@ -109,6 +111,13 @@ class SearchRequest(WireModel):
     )
     rerank: bool = Field(default=True, description="Rerank the retrieved chunks with the cross-encoder")
     top_n: bounded_int(1, MAX_TOP_N, "Hits in the reply (after reranking)") = 10
+    mode: Literal["dense", "hybrid"] = Field(
+        default="dense", description="dense: the dense vector alone; hybrid: dense and sparse searches fused by "
+        "the store (the collection needs its sparse vector), top_k of the fused list go on to the reranker")
+    fusion: Literal["rrf", "dbsf"] = Field(
+        default="rrf", description="hybrid: reciprocal rank fusion, or distribution-based score fusion")
+    dense_limit: bounded_int(1, MAX_TOP_K, "hybrid: candidates of the dense search (default top_k)") | None = None
+    sparse_limit: bounded_int(1, MAX_TOP_K, "hybrid: candidates of the sparse search (default top_k)") | None = None
     reply_to: TopicName
     deadline_ms: EpochMs | None = None
     sent_at_ms: EpochMs | None = None
@@ -124,7 +133,7 @@ class SearchHit(BaseModel):
     chunk_id: WireInt | None = None
     text: str = ""
     payload: dict[str, Any] = Field(default_factory=dict, description="Stored payload without text and internals")
-    vector_score: float
+    vector_score: float = Field(description="The vector search's score; in hybrid mode the fused score")
     rerank_score: float | None = None
     rank: WireInt = Field(ge=1)
     truncated: bool = Field(default=False, description="The text was cut to fit the reranker's limit")
@@ -136,7 +145,7 @@ class SearchReply(WireModel):
     request_id: NonEmptyStr
     hits: list[SearchHit] = Field(default_factory=list)
     timings_ms: dict[str, float] = Field(
-        default_factory=dict, description="queue_wait, embed, search, rerank, total"
+        default_factory=dict, description="queue_wait, embed, sparse (hybrid), search, rerank, total"
     )
     error: ErrorInfo | None = None
     collection: str | None = None

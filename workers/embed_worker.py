@@ -32,7 +32,7 @@ from embedstream.engine.errors import EngineError
 from embedstream.engine.yield_points import yielding_to
 from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from embedstream.schemas.codec import DecodeError, decode
-from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, now_ms
+from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, SparseTerms, now_ms
 from embedstream.workers.admission import SHED_MESSAGES
 from embedstream.workers.batching_window import BatchingWindow
 from embedstream.workers.lane import Lane, SyncQueue, Taken
@@ -220,12 +220,14 @@ class EmbedWorker(StagedWorkerLoop):
         model = getattr(event, "model", None)
         if model and model != self.engine.spec.name:
             raise EngineError("unknown_model", f"model {model!r} is not served by this worker (it serves {self.engine.spec.name!r})")
+        if getattr(event, "sparse", False) and self.engine.sparse is None:
+            raise EngineError("sparse_unavailable", "this worker has no sparse encoder (EMBEDSTREAM_SPARSE__KIND)")
 
     @staticmethod
     def _request(event) -> EmbedRequest:
         if isinstance(event, QueryRequest):
             return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, normalize=event.normalize,
-                                truncate=event.truncate, prompt=event.prompt)
+                                truncate=event.truncate, prompt=event.prompt, sparse=event.sparse)
         return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document",
                             token_ids=event.token_id_array(), tokenizer=event.tokenizer)
 
@@ -423,7 +425,7 @@ class EmbedWorker(StagedWorkerLoop):
             request_id=item.event.request_id, embedding=result.vector.to_list(),
             dims=int(values.shape[0]) * (8 if result.vector.dtype == "binary" else 1),
             dtype=result.vector.dtype, scale=result.vector.scale, tokens=result.tokens, truncated=result.truncated,
-            model=self.engine.spec.name,
+            model=self.engine.spec.name, sparse=SparseTerms.of(result.sparse) if item.event.sparse else None,
             timings_ms={"queue_wait": (start - item.received) * 1000, **timings.as_dict(),
                         "total": (time.perf_counter() - item.received) * 1000},
         )

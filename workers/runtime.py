@@ -25,7 +25,8 @@ def open_settings_store(settings: Settings):
 
 def sink_config_from(settings: Settings) -> SinkConfig:
     q = settings.qdrant
-    return SinkConfig(q.vector_datatype, q.quantization, tuple(q.matryoshka_dims), versioned=q.versioned_collections)
+    return SinkConfig(q.vector_datatype, q.quantization, tuple(q.matryoshka_dims), versioned=q.versioned_collections,
+                      sparse=None if settings.sparse.kind == "none" else settings.sparse.kind)
 
 
 def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | None = None, store=None,
@@ -34,5 +35,6 @@ def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | 
     engine = engine or Engine.from_name(model or settings.default_model, settings, shape=shape_for_lanes(lanes))
     store = store if store is not None else open_settings_store(settings)
     sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config_from(settings))
+    sink.check_existing(settings.qdrant.collection)  # a collection without the sparse vector: refused now
     options = options or WorkerOptions.from_settings(settings, lanes)
     return EmbedWorker(settings, engine, sink, options, WorkerMetrics(model=engine.spec.name))

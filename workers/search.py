@@ -12,7 +12,12 @@ Search plan per collection, read from its named vectors:
   integers, which blurs the ranking, so ``top_k * rescore_factor`` candidates are fetched and
   rescored here on the dequantised full vectors against the float query (exact up to int8 error).
 
-Every stage is timed (embed, search, rerank, total) and comes back in the reply.
+Hybrid mode (``SearchRequest.mode="hybrid"``): the query's sparse vector (the deployment's sparse
+encoder, the same kind the sink writes) is searched beside the dense one, each with its own limit,
+and the store fuses the two lists in one Query API call (RRF by default, DBSF on request); the
+fused ``top_k`` go on to the reranker like dense hits. The collection must hold the sparse vector.
+
+Every stage is timed (embed, sparse, search, rerank, total) and comes back in the reply.
 """
 
 from __future__ import annotations
@@ -26,11 +31,21 @@ import numpy as np
 
 from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreResult
 from embedstream.engine.errors import EngineError
+from embedstream.engine.sparse import SparseEncoder
 from embedstream.errors import CodedError
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
-from embedstream.vectors import FULL, l2_normalize, matryoshka_cut, parse_mrl_name, query_form, uint8_decode
+from embedstream.vectors import (
+    FULL,
+    l2_normalize,
+    matryoshka_cut,
+    parse_mrl_name,
+    parse_sparse_name,
+    SparseVector,
+    query_form,
+    uint8_decode,
+)
 
 Embedder = Callable[[str], np.ndarray]
 
@@ -64,7 +79,8 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
     The embed request inherits the search's deadline (``deadline_ms``): the embed worker sheds it
     with ``deadline_exceeded`` rather than computing a vector the search can no longer use."""
 
-    def embed(text: str, deadline_ms: int | None = None) -> np.ndarray:
+    def embed(text: str, deadline_ms: int | None = None, sparse: bool = False):
+        """The query's dense vector; with ``sparse`` (hybrid) also its sparse vector, from the same worker pass."""
         timeout = timeout_s
         if deadline_ms is not None:
             remaining_s = (deadline_ms - now_ms()) / 1000
@@ -72,15 +88,21 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
                 raise SearchError("deadline_exceeded", "the search's deadline passed before its query was embedded")
             timeout = min(timeout_s, remaining_s)
         try:
-            reply = client.embed(text, model=model, timeout_s=timeout, prompt="query")
+            reply = client.embed(text, model=model, timeout_s=timeout, prompt="query", sparse=sparse)
         except TimeoutError as exc:
             raise SearchError("embed_timeout", str(exc)) from None
         if reply.error is not None:
             raise SearchError(reply.error.code, reply.error.message)
-        return np.asarray(reply.embedding, dtype=np.float32)
+        vector = np.asarray(reply.embedding, dtype=np.float32)
+        if not sparse:
+            return vector
+        if reply.sparse is None:
+            raise SearchError("sparse_unavailable", "the embed worker returned no sparse vector for the query")
+        return vector, SparseVector.of(reply.sparse.indices, reply.sparse.values)
 
     embed.model = model  # type: ignore[attr-defined]
     embed.takes_deadline = True  # type: ignore[attr-defined]
+    embed.gives_sparse = True  # type: ignore[attr-defined] - hybrid queries' sparse vectors from the embed workers
     return embed
 
 
@@ -93,6 +115,7 @@ class SearchPlan:
     prefetch_size: int | None
     uint8: bool
     quantized: bool
+    sparse_name: str | None = None  # the collection's sparse_<kind> vector, if it has one
 
     @classmethod
     def of(cls, collection: str, specs: dict[str, VectorSpec]) -> "SearchPlan":
@@ -104,8 +127,9 @@ class SearchPlan:
         mrl = sorted((s.size, n) for n, s in specs.items()
                      if parse_mrl_name(n) is not None and s.size < specs[FULL].size)
         full = specs[FULL]
+        sparse = next((n for n in sorted(specs) if parse_sparse_name(n) is not None), None)
         return cls(full, mrl[0][1] if mrl else None, mrl[0][0] if mrl else None, full.datatype == "uint8",
-                   full.quantization is not None)
+                   full.quantization is not None, sparse)
 
     def describe(self) -> str:
         parts = [f"full {self.full.size}-d {self.full.datatype}"]
@@ -115,6 +139,8 @@ class SearchPlan:
             parts.append(f"{self.full.quantization} quantization (rescored by Qdrant)")
         if self.uint8:
             parts.append("uint8 (rescored on dequantised full vectors)")
+        if self.sparse_name:
+            parts.append(f"{self.sparse_name} (hybrid)")
         return ", ".join(parts)
 
 
@@ -137,8 +163,10 @@ class Searcher:
     """Query -> vector -> Qdrant -> (optionally) cross-encoder, with per-stage timings."""
 
     def __init__(self, store: VectorStore, embedder: Engine | Embedder, reranker: Engine | None = None,
-                 default_collection: str = "docs", rescore_factor: int = 4):
+                 default_collection: str = "docs", rescore_factor: int = 4, sparse: SparseEncoder | None = None):
         self.store = store
+        # hybrid queries' sparse vectors: the given encoder, else an in-process embed engine's own
+        self.sparse = sparse if sparse is not None else getattr(embedder, "sparse", None)
         self.embedder: Embedder = engine_embedder(embedder) if isinstance(embedder, Engine) else embedder
         self.embed_model = getattr(self.embedder, "model", None)
         if reranker is not None and reranker.spec.kind != "rerank":
@@ -170,8 +198,23 @@ class Searcher:
         if request.rerank and not can_rerank:
             raise SearchError("rerank_unavailable", "no reranker is configured here; send rerank=false")
         collection = request.collection or self.default_collection
-        self.plan(collection)
+        plan = self.plan(collection)
+        if request.mode == "hybrid":
+            self._check_hybrid(collection, plan)
         return collection
+
+    def _check_hybrid(self, collection: str, plan: SearchPlan) -> None:
+        remote = getattr(self.embedder, "gives_sparse", False)  # the embed workers' encoder: they check
+        if self.sparse is None and not remote:
+            raise SearchError("hybrid_unavailable", "no sparse encoder is configured here (EMBEDSTREAM_SPARSE__KIND); "
+                                                    "send mode=dense")
+        if plan.sparse_name is None:
+            raise SearchError("no_sparse_vector", (
+                f"collection {collection!r} has no sparse vector (it was written without EMBEDSTREAM_SPARSE__KIND); "
+                f"re-index it with a sparse encoder, or send mode=dense"))
+        if self.sparse is not None and parse_sparse_name(plan.sparse_name) != self.sparse.kind:
+            raise SearchError("sparse_mismatch", (
+                f"collection {collection!r} holds {plan.sparse_name}, this searcher encodes {self.sparse.kind} queries"))
 
     # -- stages ----------------------------------------------------------------------------
     def retrieve(self, request: SearchRequest) -> Retrieved:
@@ -179,9 +222,17 @@ class Searcher:
         collection = request.collection or self.default_collection
         plan = self.plan(collection)
         start = time.perf_counter()
+        hybrid = request.mode == "hybrid"
+        if hybrid:
+            self._check_hybrid(collection, plan)
+        remote_sparse = hybrid and self.sparse is None  # the embed workers send it with the dense vector
+        sparse = None
         try:
-            vector = (self.embedder(request.query, deadline_ms=request.deadline_ms)  # type: ignore[call-arg]
-                      if getattr(self.embedder, "takes_deadline", False) else self.embedder(request.query))
+            if remote_sparse:
+                vector, sparse = self.embedder(request.query, deadline_ms=request.deadline_ms, sparse=True)  # type: ignore[call-arg]
+            else:
+                vector = (self.embedder(request.query, deadline_ms=request.deadline_ms)  # type: ignore[call-arg]
+                          if getattr(self.embedder, "takes_deadline", False) else self.embedder(request.query))
             query = np.asarray(vector, dtype=np.float32)
         except EngineError as err:
             raise SearchError(err.code, err.message) from None
@@ -193,9 +244,24 @@ class Searcher:
                 f"{plan.full.size}-d ones (another model wrote it)",
             )
         query = l2_normalize(query)
+        timings = {"embed": (embedded - start) * 1000}
+        if hybrid:
+            if sparse is None:
+                try:
+                    sparse = self.sparse.encode_texts([request.query], query=True)[0]  # type: ignore[union-attr]
+                except EngineError as err:
+                    raise SearchError(err.code, err.message) from None
+            encoded = time.perf_counter()
+            timings["sparse"] = (encoded - embedded) * 1000
+            hits = self.store.fused_search(collection, [
+                Prefetch(FULL, query_form(query, plan.full.datatype), request.dense_limit or request.top_k),
+                Prefetch(plan.sparse_name, sparse, request.sparse_limit or request.top_k),  # type: ignore[arg-type]
+            ], request.top_k, request.fusion, dict(request.filters) or None)
+            timings["search"] = (time.perf_counter() - encoded) * 1000
+            return Retrieved(collection, hits, [h.score for h in hits], timings)
         hits, scores = self._search(collection, plan, query, request.top_k, dict(request.filters) or None)
-        done = time.perf_counter()
-        return Retrieved(collection, hits, scores, {"embed": (embedded - start) * 1000, "search": (done - embedded) * 1000})
+        timings["search"] = (time.perf_counter() - embedded) * 1000
+        return Retrieved(collection, hits, scores, timings)
 
     def _search(self, collection: str, plan: SearchPlan, query: np.ndarray, top_k: int,
                 filters: dict | None) -> tuple[list[Hit], list[float]]:

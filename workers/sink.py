@@ -2,7 +2,8 @@
 
 Point ids are UUIDv5 of (doc_id, chunk_id), so a redelivered or re-produced chunk overwrites
 itself instead of adding a point. Named vectors: "full" plus one "mrl_<d>" per configured
-Matryoshka size. Storage forms: float32, float16, uint8 (int8 shifted by 128, per-point scale kept
+Matryoshka size, and with a sparse encoder its "sparse_<kind>" vector (the one the engine's row
+carries) in the same point and the same upsert. Storage forms: float32, float16, uint8 (int8 shifted by 128, per-point scale kept
 in the payload), or float32 with Qdrant's own scalar/binary quantization (rescored at search).
 Ids, names and codecs are the layout's (:mod:`embedstream.vectors`), shared with the searcher.
 """
@@ -15,8 +16,20 @@ import numpy as np
 
 from embedstream.engine.model_spec import ModelSpec
 from embedstream.schemas import ChunkEvent, DocumentDelete
-from embedstream.vectors import FULL, is_layout_key, matryoshka_cut, mrl_name, point_id, scale_key, stored_form
-from embedstream.vectorstore.base import Point, VectorSpec, VectorStore
+from embedstream.engine.errors import ConfigError
+from embedstream.vectors import (
+    FULL,
+    is_layout_key,
+    matryoshka_cut,
+    mrl_name,
+    point_id,
+    scale_key,
+    sparse_modifier,
+    sparse_name,
+    sparse_of,
+    stored_form,
+)
+from embedstream.vectorstore.base import AnySpec, Point, SparseSpec, VectorSpec, VectorStore
 from embedstream.workers.trust import content_hash
 
 __all__ = ["EmbeddedChunk", "QdrantSink", "SinkConfig", "collection_vectors", "point_id"]
@@ -28,25 +41,29 @@ class SinkConfig:
     quantization: str = "none"  # none | scalar | binary
     matryoshka_dims: tuple[int, ...] = ()
     versioned: bool = False  # create the default collection as <name>_v1 behind alias <name>
+    sparse: str | None = None  # the sparse encoder's kind ("bm25", "splade"): its vector is written too
 
 
 @dataclass
 class EmbeddedChunk:
-    """A chunk event with its normalised full-size vector and where it came from."""
+    """A chunk event with its normalised full-size vector (an engine row: it may carry its sparse
+    vector, :func:`embedstream.vectors.sparse_of`) and where it came from."""
 
     event: ChunkEvent
     vector: np.ndarray
     source: dict = field(default_factory=dict)  # topic, partition, offset
 
 
-def collection_vectors(spec: ModelSpec, hidden: int, config: SinkConfig) -> dict[str, VectorSpec]:
-    """Named vectors for a model: full size plus the configured Matryoshka sizes."""
+def collection_vectors(spec: ModelSpec, hidden: int, config: SinkConfig) -> dict[str, AnySpec]:
+    """Named vectors for a model: full size plus the configured Matryoshka sizes, and the sparse vector."""
     quant = None if config.quantization == "none" else config.quantization
     vectors = {FULL: VectorSpec(hidden, "cosine", config.datatype, quant)}
     for d in config.matryoshka_dims:
         if d not in spec.matryoshka_dims:
             raise ValueError(f"Matryoshka size {d} is not trained for model {spec.name!r} ({list(spec.matryoshka_dims)})")
         vectors[mrl_name(d)] = VectorSpec(d, "cosine", config.datatype, quant)
+    if config.sparse is not None:
+        vectors[sparse_name(config.sparse)] = SparseSpec(sparse_modifier(config.sparse))
     return vectors
 
 
@@ -87,6 +104,19 @@ class QdrantSink:
             self._ready.add(target)
         return target
 
+    def check_existing(self, name: str) -> None:
+        """At start: refuse a collection that exists without a vector this sink writes (e.g. created
+        before the sparse encoder was switched on), with what to do, instead of failing every write."""
+        if not self.store.exists(name):
+            return
+        have = self.store.get_vector_specs(name)
+        missing = sorted(set(self.vectors) - set(have))
+        if missing:
+            raise ConfigError(
+                f"collection {name!r} has no {', '.join(missing)} vector (it has {sorted(have)}): it was created "
+                f"without them; re-index into a new collection (embedstream reindex --to-collection ...) or "
+                f"run without EMBEDSTREAM_SPARSE__KIND")
+
     def ensure(self, name: str) -> str:
         """Create ``name`` (a collection or an alias's target) with this model's vectors if missing."""
         return self._collection(name)
@@ -108,6 +138,7 @@ class QdrantSink:
             columns[name], scale = stored_form(matrix, self.config.datatype)
             if scale is not None:
                 scales[scale_key(name)] = scale
+        sparse = sparse_name(self.config.sparse) if self.config.sparse is not None else None
         points = []
         for row, item in enumerate(items):
             ev = item.event
@@ -116,7 +147,10 @@ class QdrantSink:
                 doc_id=ev.doc_id, chunk_id=ev.chunk_id, content_hash=content_hash(ev.text), text=ev.text,
                 model=self.spec.name, source=item.source,
             )
-            points.append(Point(point_id(ev.doc_id, ev.chunk_id), {k: v[row] for k, v in columns.items()}, payload))
+            vectors = {k: v[row] for k, v in columns.items()}
+            if sparse is not None and sparse_of(item.vector) is not None:
+                vectors[sparse] = sparse_of(item.vector)
+            points.append(Point(point_id(ev.doc_id, ev.chunk_id), vectors, payload))
         return points
 
     def upsert(self, items: list[EmbeddedChunk]) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 _WS = re.compile(r"\s+")
 _PROSE = re.compile(r"[A-Za-z][a-z]+")
+SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")  # a sentence boundary in the harvested prose
 
 
 def _is_prose(paragraph: str) -> bool:
@@ -64,6 +65,27 @@ def _harvest(root: Path) -> list[str]:
                         seen.add(text)
                         out.append(text)
     return out
+
+
+def sentence_chunks(paragraph: str, chunk_words: int) -> list[str]:
+    """A paragraph cut at sentence boundaries into chunks of at most ``chunk_words`` words (a run-on
+    sentence over twice that is cut by words); a short paragraph stays whole."""
+    if len(paragraph.split()) <= chunk_words:
+        return [paragraph]
+    chunks: list[str] = []
+    current: list[str] = []
+    for sentence in SENTENCE.split(paragraph):
+        words = sentence.split()
+        if current and len(current) + len(words) > chunk_words:
+            chunks.append(" ".join(current))
+            current = []
+        current.extend(words)
+        while len(current) > 2 * chunk_words:  # a run-on "sentence": cut by words
+            chunks.append(" ".join(current[:chunk_words]))
+            current = current[chunk_words:]
+    if current:
+        chunks.append(" ".join(current))
+    return chunks
 
 
 def documents(count: int, seed: int = 7, min_paragraphs: int = 2, max_paragraphs: int = 12) -> list[dict]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from embedstream import logs
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.bench.corpus import sentence_chunks, stdlib_paragraphs
 
 CACHE_DIR = Path.home() / ".cache" / "embedstream"
 TARGET_RECALL = 0.98
 OVERSAMPLING_LADDER = (1, 2, 3, 4, 6, 8, 10, 12, 16, 24, 32)  # rescoring factors tried per form
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
 
 
 def build_corpus(queries: int = 200, chunk_words: int = 40, seed: int = 17) -> tuple[list[str], list[str]]:
@@ -53,21 +51,7 @@ def build_corpus(queries: int = 200, chunk_words: int = 40, seed: int = 17) -> t
     for i, para in enumerate(paras):
         if i in held:
             continue
-        if len(para.split()) <= chunk_words:
-            chunks.append(para)
-            continue
-        current: list[str] = []
-        for sentence in _SENTENCE.split(para):
-            words = sentence.split()
-            if current and len(current) + len(words) > chunk_words:
-                chunks.append(" ".join(current))
-                current = []
-            current.extend(words)
-            while len(current) > 2 * chunk_words:  # a run-on "sentence": cut by words
-                chunks.append(" ".join(current[:chunk_words]))
-                current = current[chunk_words:]
-        if current:
-            chunks.append(" ".join(current))
+        chunks.extend(sentence_chunks(para, chunk_words))
     chunks = list(dict.fromkeys(chunks))  # exact duplicates would make "the" nearest neighbour ambiguous
     return chunks, [paras[i] for i in sorted(held)]
 

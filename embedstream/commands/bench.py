@@ -191,11 +191,21 @@ def bench_quality(
     k: int = typer.Option(10, help="recall@k"),
     rescore: int = typer.Option(4, help="Rescoring pass: k x this many candidates rescored on float32"),
     threads: Optional[int] = typer.Option(None, help="torch threads for the (cached) embedding run"),
+    hybrid: bool = typer.Option(False, "--hybrid", help="Dense vs BM25 vs SPLADE vs fused retrieval on a labelled set "
+                                "(known-item + exact-term queries), and the sparse vectors' bulk cost"),
+    chunks: int = typer.Option(3000, help="--hybrid: indexed chunks"),
+    reranker: Optional[str] = typer.Option(None, help="--hybrid: cross-encoder for the hybrid + rerank row"),
 ) -> None:
-    """recall@k of float16 / int8 / uint8-as-stored / binary vs exact float32 on ≥10k real chunks, with and without rescoring."""
+    """recall@k of float16 / int8 / uint8-as-stored / binary vs exact float32 on ≥10k real chunks, with and without
+    rescoring; with --hybrid, MRR@k and recall@k of dense, sparse and hybrid retrieval."""
+    logs.configure(level="WARNING")
+    if hybrid:
+        from embedstream.bench import hybrid_bench
+
+        hybrid_bench.print_table(hybrid_bench.run(model, chunks, queries, queries, k, threads or 1, reranker=reranker))
+        return
     from embedstream.bench import quality_bench
 
-    logs.configure(level="WARNING")
     quality_bench.print_table(quality_bench.run(model, queries, k, rescore, threads))
 
 

@@ -8,6 +8,7 @@ import sys
 from typing import Optional
 
 import typer
+from pydantic import ValidationError
 
 from embedstream import logs
 from embedstream.commands.options import BROKER_PORT, BrokerPort
@@ -106,6 +107,11 @@ def search(
     top_n: int = typer.Option(10, help="Hits shown (after reranking)"),
     rerank: bool = typer.Option(True, "--rerank/--no-rerank", help="Rerank the retrieved chunks with the cross-encoder"),
     filter: Optional[list[str]] = typer.Option(None, "--filter", help="Payload filter field=value; repeat (same field: any of)"),
+    mode: str = typer.Option("dense", help="dense | hybrid (dense and sparse searches fused; the collection needs its "
+                                           "sparse vector)"),
+    fusion: str = typer.Option("rrf", help="hybrid: rrf (reciprocal rank fusion) | dbsf (distribution-based score fusion)"),
+    dense_limit: Optional[int] = typer.Option(None, help="hybrid: candidates of the dense search (default top-k)"),
+    sparse_limit: Optional[int] = typer.Option(None, help="hybrid: candidates of the sparse search (default top-k)"),
     timeout: float = typer.Option(30.0, help="Seconds to wait for the reply"),
     width: int = typer.Option(90, help="Characters of chunk text shown"),
     as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON (for scripts)"),
@@ -127,9 +133,14 @@ def search(
     filters = parse_filters(filter)
     with QueryClient(settings.kafka) as client:
         sent = now_ms()
-        request = SearchRequest(request_id=uuid.uuid4().hex, query=text, collection=collection, top_k=top_k, top_n=top_n,
-                                filters=filters, rerank=rerank, reply_to=client.reply_topic,
-                                deadline_ms=sent + int(timeout * 1000), sent_at_ms=sent)
+        try:
+            request = SearchRequest(request_id=uuid.uuid4().hex, query=text, collection=collection, top_k=top_k,
+                                    top_n=top_n, filters=filters, rerank=rerank, mode=mode, fusion=fusion,
+                                    dense_limit=dense_limit, sparse_limit=sparse_limit, reply_to=client.reply_topic,
+                                    deadline_ms=sent + int(timeout * 1000), sent_at_ms=sent)
+        except ValidationError as exc:
+            typer.echo(f"invalid search: {exc.errors()[0]['loc'][-1]}: {exc.errors()[0]['msg']}", err=True)
+            raise typer.Exit(2) from None
         try:
             reply = client.request(settings.kafka.topic_search, request, SearchReply, timeout_s=timeout)
         except TimeoutError as exc:
@@ -153,7 +164,7 @@ def search(
         table.add_row(str(hit.rank), "-" if hit.rerank_score is None else f"{hit.rerank_score:.4f}",
                       f"{hit.vector_score:.4f}", str(hit.doc_id), str(hit.chunk_id), snippet)
     console.print(table)
-    stages = ["queue_wait", "embed", "search", "rerank", "total"]
+    stages = ["queue_wait", "embed", "sparse", "search", "rerank", "total"]
     times = "  ".join(f"{s} {reply.timings_ms[s]:.1f} ms" for s in stages if s in reply.timings_ms)
     console.print(f"stages: {times}  |  round trip {round_trip} ms")
 

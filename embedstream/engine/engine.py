@@ -23,8 +23,10 @@ from embedstream.engine.model_spec import ModelSpec, resolve_model
 from embedstream.engine.packed import pack_sequences
 from embedstream.engine.postprocess import Quantized
 from embedstream.engine.runner import ForwardTimings, ModelRunner
+from embedstream.engine.sparse import SparseEncoder, build_sparse_encoder
 from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer, st_lowercase
 from embedstream.engine.transfer import StagedBatch, staged_ahead
+from embedstream.vectors import EncodedRow, SparseVector, sparse_of, with_sparse
 
 
 @dataclass
@@ -41,6 +43,9 @@ class EmbedRequest:
     # when ``tokenizer`` equals the engine's ``document_fingerprint``, else the text is tokenized.
     token_ids: np.ndarray | None = None
     tokenizer: str | None = None  # the fingerprint the ids were made with
+    # With a sparse encoder: compute this text's sparse vector too. None: for documents, not for queries
+    # (a query's sparse vector is asked for: a search encodes its own, /embed_sparse asks).
+    sparse: bool | None = None
 
 
 @dataclass
@@ -67,11 +72,13 @@ class EmbedResult:
     tokens: int = 0
     truncated: bool = False
     error: EngineError | None = None
+    sparse: SparseVector | None = None  # with a sparse encoder: the text's term weights
 
     def to_json(self) -> dict:
         def body() -> dict:
             scale = {} if self.vector.scale is None else {"scale": self.vector.scale}
-            return {"embedding": self.vector.to_list(), "tokens": self.tokens, **scale}
+            sparse = {} if self.sparse is None else {"sparse": self.sparse.to_json()}
+            return {"embedding": self.vector.to_list(), "tokens": self.tokens, **scale, **sparse}
 
         return _item_json(self, body)
 
@@ -86,6 +93,10 @@ class ScoreResult:
 
     def to_json(self) -> dict:
         return _item_json(self, lambda: {"score": self.score})
+
+
+def _wants_sparse(request: EmbedRequest) -> bool:
+    return request.sparse if request.sparse is not None else request.prompt != "query"
 
 
 def _item_json(item: EmbedResult | ScoreResult, body: Callable[[], dict]) -> dict:
@@ -105,16 +116,20 @@ class StageTimings:
     pool_ms: float = 0.0
     batches: int = 0
     tokens: int = 0
+    sparse_ms: float | None = None  # the sparse encoder's share (None: the engine has none)
 
     def as_dict(self) -> dict[str, float]:
-        return {"tokenize_ms": self.tokenize_ms, "forward_ms": self.forward_ms, "pool_ms": self.pool_ms}
+        out = {"tokenize_ms": self.tokenize_ms, "forward_ms": self.forward_ms, "pool_ms": self.pool_ms}
+        if self.sparse_ms is not None:
+            out["sparse_ms"] = self.sparse_ms
+        return out
 
 
 class Engine:
     """One model, loaded once, served through the token-budget batcher."""
 
     def __init__(self, spec: ModelSpec, settings: EngineSettings | None = None, runner: ModelRunner | None = None,
-                 shape: str = "bulk"):
+                 shape: str = "bulk", sparse: SparseEncoder | None = None):
         """``shape`` (bulk, online, shared: tuning.shape_for_lanes) is what precision tuned picks a path for."""
         settings = settings or EngineSettings()
         self.spec = spec
@@ -132,11 +147,16 @@ class Engine:
         self.head = self.runner.head
         self.dimensions = self.head.dimensions if isinstance(self.head, EmbeddingHead) else self.runner.hidden_size
         self.max_text_bytes = settings.max_text_bytes
+        self.sparse = sparse  # computed beside the dense vectors in ``forward`` (engine/sparse.py)
 
     @classmethod
     def from_name(cls, name: str, settings: Settings | None = None, shape: str = "bulk") -> "Engine":
+        """The model ``name`` with the deployment's sparse encoder (``settings.sparse``), if any."""
         settings = settings or Settings()
-        return cls(resolve_model(name, settings.models), settings.engine, shape=shape)
+        engine = cls(resolve_model(name, settings.models), settings.engine, shape=shape)
+        if engine.spec.kind == "embed":
+            engine.sparse = build_sparse_encoder(settings, engine.tokenizer, engine.spec.max_tokens)
+        return engine
 
     # -- embed ---------------------------------------------------------------------------------
     def _prompt(self, request: EmbedRequest) -> str | None:
@@ -192,8 +212,11 @@ class Engine:
         """Each group packed and staged one ahead of the group being run (see ``forward``)."""
         return staged_ahead(self.runner.stage, (self.runner.pack(tokens) for tokens in token_groups))
 
-    def forward(self, items: list[Prepared], timings: StageTimings, staged: StagedBatch | None = None) -> np.ndarray:
-        """One packed forward pass over items that fit one batch; float32 [N, D] in item order.
+    def forward(self, items: list[Prepared], timings: StageTimings,
+                staged: StagedBatch | None = None) -> np.ndarray | list[EncodedRow]:
+        """One packed forward pass over items that fit one batch; float32 [N, D] in item order. With a
+        sparse encoder, the same items' sparse vectors are computed next and each row carries its own
+        (a list of :class:`~embedstream.vectors.EncodedRow`: 1-d arrays with ``.sparse``).
 
         ``staged``: these items' batch, already packed and its device copy started (``embed`` stages batch i+1
         before running batch i, so on CUDA that copy runs under batch i's forward); else packed here, into
@@ -211,7 +234,18 @@ class Engine:
         start = time.perf_counter()
         self.head.normalize(vectors, [p.normalize for p in items])
         timings.pool_ms += ft.pool_ms + (time.perf_counter() - start) * 1000
-        return vectors
+        if self.sparse is None:
+            return vectors
+        start = time.perf_counter()
+        sparse: list[SparseVector | None] = [None] * len(items)
+        wanted = [i for i, p in enumerate(items) if _wants_sparse(p.request)]
+        if wanted:
+            chosen = [items[i] for i in wanted]
+            for i, vector in zip(wanted, self.sparse.encode(chosen, [p.request.prompt == "query" for p in chosen],
+                                                            [not self._prompt(p.request) for p in chosen])):
+                sparse[i] = vector
+        timings.sparse_ms = (timings.sparse_ms or 0.0) + (time.perf_counter() - start) * 1000
+        return with_sparse(vectors, sparse)
 
     def warm_up(self, max_tokens: int) -> int:
         """Run one forward per sequence length 1..max_tokens so their kernels exist before traffic.
@@ -233,7 +267,7 @@ class Engine:
         req: EmbedRequest = item.request
         return EmbedResult(
             req.id, self.head.output(vector, req.dimensions, req.dtype, item.normalize), vector, len(item.tokens),
-            item.tokens.truncated,
+            item.tokens.truncated, sparse=sparse_of(vector),
         )
 
     def embed(self, requests: list[EmbedRequest], sort_by_length: bool = True) -> tuple[list[EmbedResult], StageTimings]:

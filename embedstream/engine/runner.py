@@ -92,7 +92,7 @@ class ModelRunner:
     ):
         """``precision`` tuned: the fastest path measured on this host that meets ``quality_floor`` for
         ``shape`` (tuning.py); the measurements are cached per host and model, so only a first start measures."""
-        from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+        from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
         set_threads(threads)
         self.spec = spec
@@ -101,11 +101,11 @@ class ModelRunner:
         self.precision, self.dtype = pick_precision(precision, self.device)
         self.feeder = DeviceFeeder(self.device)
         config = AutoConfig.from_pretrained(str(spec.path))
-        loader = AutoModelForSequenceClassification if spec.kind == "rerank" else AutoModel
+        loader = {"rerank": AutoModelForSequenceClassification, "splade": AutoModelForMaskedLM}.get(spec.kind, AutoModel)
         model = loader.from_pretrained(str(spec.path), dtype=self.dtype).to(self.device).eval()
         self.model = model
         self.config = config
-        base = getattr(model, model.base_model_prefix, model) if spec.kind == "rerank" else model
+        base = getattr(model, model.base_model_prefix, model) if spec.kind in ("rerank", "splade") else model
         self.hidden_size = int(config.hidden_size)
         self.choice: tuning.Choice | None = None  # precision tuned: what won, the runner-up, the float32 best
         self.tuning: tuner.Tuning | None = None
@@ -115,6 +115,10 @@ class ModelRunner:
             self.encoder, self.path = self._choose(base, config, backend)
         if spec.kind == "rerank":
             self.head = ScoreHead(model, self.head_reads, spec.activation, spec.name)
+        elif spec.kind == "splade":
+            from embedstream.engine.splade import SpladeHead  # a masked-LM head pooled to term weights
+
+            self.head = SpladeHead(model, spec)
         else:
             self.head = EmbeddingHead(spec, self.hidden_size, self.device)
 

@@ -128,6 +128,7 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
         Route("/v1/embeddings", embed_openai, methods=["POST"]),
         Route("/embeddings", embed_openai, methods=["POST"]),
         Route("/embed", endpoint("embed", "tei", routes_embed.tei_embed), methods=["POST"]),
+        Route("/embed_sparse", endpoint("embed_sparse", "tei", routes_embed.tei_embed_sparse), methods=["POST"]),
         Route("/v2/embed", endpoint("cohere_embed", "cohere", routes_embed.cohere_embed), methods=["POST"]),
         Route("/rerank", endpoint("rerank", "tei", routes_rank.rerank, boxed=True), methods=["POST"]),
         Route("/v1/rerank", endpoint("cohere_rerank", "cohere", routes_rank.cohere_rerank), methods=["POST"]),

@@ -85,6 +85,15 @@ class TeiEmbed(_Body):
     dimensions: StrictInt | None = None
 
 
+class TeiEmbedSparse(_Body):
+    """TEI ``POST /embed_sparse``."""
+
+    inputs: Union[StrictStr, list[StrictStr]]
+    truncate: StrictBool | None = None
+    truncation_direction: Literal["Right", "Left", "right", "left"] = "Right"
+    prompt_name: StrictStr | None = None
+
+
 class TeiTokenize(_Body):
     """TEI ``POST /tokenize``."""
 
@@ -148,3 +157,7 @@ class SearchBody(_Body):
     top_n: StrictInt = 10
     filters: dict[str, Any] = Field(default_factory=dict)
     rerank: StrictBool = True
+    mode: Literal["dense", "hybrid"] = "dense"  # hybrid: dense and sparse searches fused by the store
+    fusion: Literal["rrf", "dbsf"] = "rrf"
+    dense_limit: StrictInt | None = None
+    sparse_limit: StrictInt | None = None

@@ -23,6 +23,7 @@ _STAGE_HEADERS = {
     "tokenize_ms": "x-tokenization-time",
     "tokenize": "x-tokenization-time",
     "embed": "x-embed-time",
+    "sparse": "x-sparse-time",  # hybrid search: the query's sparse vector
     "search": "x-search-time",
     "rerank": "x-rerank-time",
     "total": "x-worker-time",

@@ -7,7 +7,7 @@ import uuid
 from starlette.requests import Request
 
 from embedstream.gateway import formats
-from embedstream.gateway.bodies import CohereEmbed, OpenAIEmbeddings, TeiEmbed, read_json, validate
+from embedstream.gateway.bodies import CohereEmbed, OpenAIEmbeddings, TeiEmbed, TeiEmbedSparse, read_json, validate
 from embedstream.gateway.errors import ApiError
 from embedstream.gateway.responses import VectorResponse, timing_headers
 from embedstream.gateway.service import EmbedAsk, Embedded, Gateway
@@ -43,19 +43,40 @@ async def openai_embeddings(gateway: Gateway, request: Request) -> VectorRespons
     return _respond(out, done, texts)
 
 
-async def tei_embed(gateway: Gateway, request: Request) -> VectorResponse:
-    """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
-    deadline = gateway.deadline(request.headers)
-    body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+def _tei_texts(gateway: Gateway, body: TeiEmbed | TeiEmbedSparse) -> list[str]:
+    """A TEI body's inputs as a list, its prompt and truncation direction checked."""
     if body.prompt_name not in (None, "query", "document"):
         raise ApiError(422, "unknown_prompt", f"prompt_name {body.prompt_name!r} is not a prompt of "
                        f"{gateway.spec.name!r} (query, document)", param="prompt_name")
     if body.truncate and body.truncation_direction.lower() == "left":
         raise ApiError(422, "truncate_unsupported", "only right truncation is done", param="truncation_direction")
+    return [body.inputs] if isinstance(body.inputs, str) else body.inputs
+
+
+async def tei_embed(gateway: Gateway, request: Request) -> VectorResponse:
+    """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
+    deadline = gateway.deadline(request.headers)
+    body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
+    texts = _tei_texts(gateway, body)
     ask = EmbedAsk(texts, body.dimensions, body.prompt_name, body.truncate, body.normalize)  # type: ignore[arg-type]
     done = await gateway.embed(ask, deadline, what="inputs")
     return _respond(done.vectors, done, texts)
+
+
+async def tei_embed_sparse(gateway: Gateway, request: Request) -> VectorResponse:
+    """TEI ``/embed_sparse``: ``[[{"index": i, "value": w}]]``, the embed workers' sparse vectors
+    (``EMBEDSTREAM_SPARSE__KIND``; a worker without a sparse encoder refuses with ``sparse_unavailable``)."""
+    deadline = gateway.deadline(request.headers)
+    body = validate(TeiEmbedSparse, await read_json(request, gateway.options.max_body_bytes))
+    texts = _tei_texts(gateway, body)
+    ask = EmbedAsk(texts, None, body.prompt_name, body.truncate, sparse=True)  # type: ignore[arg-type]
+    done = await gateway.embed(ask, deadline, what="inputs")
+    out = []
+    for i, terms in enumerate(done.sparse):
+        if terms is None:
+            raise ApiError(500, "sparse_failed", f"inputs[{i}]: the worker returned no sparse vector", param="inputs")
+        out.append([{"index": index, "value": value} for index, value in zip(terms.indices, terms.values)])
+    return _respond(out, done, texts)
 
 
 async def cohere_embed(gateway: Gateway, request: Request) -> VectorResponse:

@@ -38,6 +38,7 @@ class EmbedAsk:
     prompt: PromptKind | None = None
     truncate: bool | None = None
     normalize: bool | None = None
+    sparse: bool = False  # also the texts' sparse vectors (TEI /embed_sparse)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Embedded:
     vectors: np.ndarray  # float32 [n, dims], in input order
     tokens: list[int]
     timings_ms: dict[str, float] = field(default_factory=dict)  # per stage, the slowest input's
+    sparse: list = field(default_factory=list)  # SparseTerms per input, when asked
 
 
 def slowest(timings: list[dict[str, float]]) -> dict[str, float]:
@@ -151,7 +153,7 @@ class Gateway:
         sent = now_ms()
         expires = sent + int(max(0.0, deadline - time.monotonic()) * 1000)
         requests = [QueryRequest(request_id=uuid.uuid4().hex, text=text, model=self.spec.name, dimensions=ask.dimensions,
-                                 prompt=ask.prompt, normalize=ask.normalize, truncate=ask.truncate,
+                                 prompt=ask.prompt, normalize=ask.normalize, truncate=ask.truncate, sparse=ask.sparse,
                                  reply_to=lanes.reply_topic, deadline_ms=expires, sent_at_ms=sent)
                     for text in ask.texts]
         replies = await lanes.call("embed", self.settings.kafka.topic_queries, requests, QueryReply, deadline)
@@ -160,7 +162,8 @@ class Gateway:
                 err = ApiError.from_worker(reply.error)
                 raise ApiError(err.status, err.code, f"{what}[{i}]: {err.message}", param=what)
         vectors = np.asarray([r.embedding for r in replies], dtype=np.float32)
-        return Embedded(vectors, [r.tokens or 0 for r in replies], slowest([r.timings_ms for r in replies]))
+        return Embedded(vectors, [r.tokens or 0 for r in replies], slowest([r.timings_ms for r in replies]),
+                        [r.sparse for r in replies] if ask.sparse else [])
 
     async def rerank(self, query: str, documents: list[str], top_n: int | None, deadline: float) -> RerankReply:
         self.check_model(None, "rerank")
@@ -218,6 +221,10 @@ class Gateway:
                        "replies": self.options.reply_topic or self.settings.kafka.topic_replies},
             "version": version,
         }
+        sparse = self.settings.sparse
+        if sparse.kind != "none":  # the embed workers' sparse encoder (/embed_sparse, hybrid search)
+            out["sparse_model"] = {"kind": sparse.kind, "model_id": sparse.model if sparse.kind == "splade"
+                                   else f"bm25/{sparse.bm25_tokenizer}"}
         if self.rerank_spec is not None:
             out["reranker"] = {"model_id": self.rerank_spec.name, "max_input_length": self.rerank_spec.max_tokens,
                                "activation": self.rerank_spec.activation}

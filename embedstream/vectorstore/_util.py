@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import FilterValue, Point, VectorSpec, normalize_id
+from .base import FUSIONS, AnySpec, FilterValue, Point, Prefetch, SparseSpec, SparseVector, VectorSpec, normalize_id
 
 
 def prepare_vector(vname: str, vector: Any, spec: VectorSpec) -> np.ndarray:
@@ -31,7 +31,35 @@ def prepare_vector(vname: str, vector: Any, spec: VectorSpec) -> np.ndarray:
     return arr
 
 
-def prepare_point(point: Point, specs: Mapping[str, VectorSpec]) -> tuple[str, dict[str, np.ndarray]]:
+def prepare_sparse(vname: str, vector: Any) -> SparseVector:
+    """A sparse vector checked (unique indices in 0..2**32-1, finite values)."""
+    if isinstance(vector, SparseVector):
+        return vector
+    try:
+        return SparseVector.of(vector.indices, vector.values)
+    except AttributeError:
+        raise ValueError(f"vector {vname!r} is sparse: give a SparseVector, got {type(vector).__name__}") from None
+
+
+def check_fused(prefetch: Sequence[Prefetch], top_k: int, fusion: str, specs: Mapping[str, AnySpec],
+                collection: str) -> None:
+    """A fused search's inputs: a positive top_k, a known fusion, at least one prefetch, names the
+    collection has, sparse vectors for sparse names only, positive limits."""
+    check_top_k(top_k)
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
+    if not prefetch:
+        raise ValueError("a fused search needs at least one prefetch")
+    for p in prefetch:
+        spec = check_vector_name(specs, p.vector_name, collection)
+        if isinstance(spec, SparseSpec) != isinstance(p.vector, SparseVector):
+            raise ValueError(f"vector {p.vector_name!r} is {'sparse' if isinstance(spec, SparseSpec) else 'dense'}; "
+                             f"the prefetch gives a {type(p.vector).__name__}")
+        if int(p.limit) <= 0:
+            raise ValueError(f"prefetch limit must be positive, got {p.limit!r}")
+
+
+def prepare_point(point: Point, specs: Mapping[str, AnySpec]) -> tuple[str, dict[str, Any]]:
     """Canonical id + checked vectors; unknown vector names are an error, missing ones are allowed."""
     pid = normalize_id(point.id)
     if not point.vectors:
@@ -41,7 +69,7 @@ def prepare_point(point: Point, specs: Mapping[str, VectorSpec]) -> tuple[str, d
         spec = specs.get(vname)
         if spec is None:
             raise ValueError(f"point {pid}: unknown vector name {vname!r}, collection has {sorted(specs)}")
-        out[vname] = prepare_vector(vname, vec, spec)
+        out[vname] = prepare_sparse(vname, vec) if isinstance(spec, SparseSpec) else prepare_vector(vname, vec, spec)
     return pid, out
 
 
@@ -57,13 +85,14 @@ def _check_matrix(vname: str, arr: np.ndarray, spec: VectorSpec) -> None:
 
 
 def prepare_batch(
-    points: Sequence[Point], specs: Mapping[str, VectorSpec]
-) -> list[tuple[str, dict[str, list[float]], dict[str, Any]]]:
-    """Checked (id, {name: list}, payload) triples for a whole batch.
+    points: Sequence[Point], specs: Mapping[str, AnySpec]
+) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Checked (id, {name: list or SparseVector}, payload) triples for a whole batch.
 
-    Stacks each named vector into one matrix so the checks and the list
+    Stacks each named dense vector into one matrix so the checks and the list
     conversion run once per batch in numpy: per-point checks cost more than the
-    engine's own upsert. Backends get plain lists, which both convert fastest.
+    engine's own upsert. Backends get plain lists, which both convert fastest,
+    and sparse vectors as checked :class:`SparseVector` objects.
     """
     if not points:
         return []
@@ -73,13 +102,17 @@ def prepare_batch(
         out = []
         for p in points:
             pid, vecs = prepare_point(p, specs)
-            out.append((pid, {k: v.tolist() for k, v in vecs.items()}, dict(p.payload or {})))
+            out.append((pid, {k: v if isinstance(v, SparseVector) else v.tolist() for k, v in vecs.items()},
+                        dict(p.payload or {})))
         return out
-    columns: dict[str, list[list[float]]] = {}
+    columns: dict[str, list[Any]] = {}
     for vname in names:
         spec = specs.get(vname)
         if spec is None:
             raise ValueError(f"unknown vector name {vname!r}, collection has {sorted(specs)}")
+        if isinstance(spec, SparseSpec):
+            columns[vname] = [prepare_sparse(vname, p.vectors[vname]) for p in points]
+            continue
         try:
             mat = np.asarray([p.vectors[vname] for p in points], dtype=np.float32)
         except ValueError as exc:  # ragged: some vector has the wrong length

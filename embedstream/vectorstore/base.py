@@ -18,6 +18,7 @@ from typing import Any, Literal, Union
 import numpy as np
 
 from embedstream.errors import CodedError
+from embedstream.vectors import SparseVector
 
 Distance = Literal["cosine", "dot", "euclid"]
 Datatype = Literal["float32", "float16", "uint8"]
@@ -29,7 +30,10 @@ QUANTIZATIONS: tuple[str | None, ...] = (None, "scalar", "binary")
 
 #: A filter value: equality for a scalar, "any of" for a list.
 FilterValue = Union[str, int, float, bool, Sequence[Union[str, int]]]
-VectorLike = Union[Sequence[float], np.ndarray]
+VectorLike = Union[Sequence[float], np.ndarray, SparseVector]
+Fusion = Literal["rrf", "dbsf"]
+FUSIONS: tuple[str, ...] = ("rrf", "dbsf")
+SPARSE_MODIFIERS: tuple[str | None, ...] = (None, "idf")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -113,6 +117,43 @@ class VectorSpec:
         )
 
 
+@dataclass(frozen=True)
+class SparseSpec:
+    """Config of one named sparse vector: ``modifier="idf"`` has the store weigh each term by its
+    inverse document frequency at search time (BM25's IDF, always current)."""
+
+    modifier: Literal["idf"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.modifier not in SPARSE_MODIFIERS:
+            raise ValueError(f"SparseSpec.modifier must be one of {SPARSE_MODIFIERS}, got {self.modifier!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sparse": True, "modifier": self.modifier}
+
+
+AnySpec = Union[VectorSpec, SparseSpec]
+
+
+def spec_from_dict(d: Mapping[str, Any]) -> AnySpec:
+    """A stored spec (``VectorSpec.to_dict`` or ``SparseSpec.to_dict``) back as its type."""
+    return SparseSpec(d.get("modifier")) if d.get("sparse") else VectorSpec.from_dict(d)
+
+
+def dense_specs(specs: Mapping[str, AnySpec]) -> dict[str, VectorSpec]:
+    return {name: spec for name, spec in specs.items() if isinstance(spec, VectorSpec)}
+
+
+def sparse_specs(specs: Mapping[str, AnySpec]) -> dict[str, SparseSpec]:
+    return {name: spec for name, spec in specs.items() if isinstance(spec, SparseSpec)}
+
+
+class FusionUnsupported(VectorStoreError):
+    """The store cannot fuse several searches server-side."""
+
+    code = "fusion_unsupported"
+
+
 @dataclass
 class Point:
     """One stored item: a UUID string id, one vector per name, a JSON payload.
@@ -142,7 +183,8 @@ class Prefetch:
 
     Retrieve ``limit`` candidates by ``vector`` on the (small, cheap)
     ``vector_name``; the outer search then rescores only those candidates on
-    its own (full) vector.
+    its own (full) vector, or fuses several prefetches (:meth:`VectorStore.fused_search`).
+    ``vector`` is a :class:`SparseVector` for a sparse ``vector_name``.
     """
 
     vector_name: str
@@ -204,18 +246,19 @@ class VectorStore(ABC):
     def ensure_collection(
         self,
         name: str,
-        vectors: Mapping[str, VectorSpec],
+        vectors: Mapping[str, AnySpec],
         payload_indexes: Iterable[str] = ("doc_id",),
     ) -> bool:
-        """Create ``name`` when missing; return True if it was created.
+        """Create ``name`` when missing; return True if it was created. Sparse vectors are given
+        beside the dense ones as :class:`SparseSpec`.
 
         An existing collection must have exactly ``vectors``, otherwise
         CollectionConfigMismatch. Missing keyword payload indexes are added.
         """
 
     @abstractmethod
-    def get_vector_specs(self, name: str) -> dict[str, VectorSpec]:
-        """Vector config of a collection (or alias target)."""
+    def get_vector_specs(self, name: str) -> dict[str, AnySpec]:
+        """Vector config of a collection (or alias target): dense ones as VectorSpec, sparse ones as SparseSpec."""
 
     @abstractmethod
     def delete_collection(self, name: str) -> bool:
@@ -275,6 +318,19 @@ class VectorStore(ABC):
         With ``prefetch`` the candidates come from the prefetch stages and are
         rescored on ``vector_name``.
         """
+
+    def fused_search(
+        self,
+        name: str,
+        prefetch: Sequence[Prefetch],
+        top_k: int,
+        fusion: Fusion = "rrf",
+        filter: Mapping[str, FilterValue] | None = None,
+    ) -> list[Hit]:
+        """Run every prefetch (each its own vector, dense or sparse, and limit), fuse the lists in
+        the store (``rrf``: reciprocal rank fusion; ``dbsf``: distribution-based score fusion) and
+        return the ``top_k`` best, ``vector_name`` ``"fusion"``. The filter applies to every prefetch."""
+        raise FusionUnsupported(f"{type(self).__name__} cannot fuse searches")
 
     # ---- aliases -------------------------------------------------------------------
     @abstractmethod

@@ -53,6 +53,7 @@ from embedstream import logs
 
 from ._rwlock import RWLock
 from ._util import (
+    check_fused,
     check_top_k,
     check_vector_name,
     prepare_batch,
@@ -67,13 +68,18 @@ from .base import (
     Hit,
     Point,
     Prefetch,
+    SparseSpec,
+    SparseVector,
     VectorLike,
     VectorSpec,
     VectorStore,
     VectorStoreError,
+    dense_specs,
     describe_mismatch,
     normalize_id,
     quant_oversampling,
+    sparse_specs,
+    spec_from_dict,
     validate_name,
 )
 
@@ -111,6 +117,23 @@ def _quantization(kind: str | None) -> Any:
     raise ValueError(f"unsupported quantization {kind!r}")
 
 
+_MODIFIER = {None: None, "idf": qe.Modifier.Idf}
+_FUSION = {"rrf": lambda: qe.Fusion.Rrf(k=60), "dbsf": qe.Fusion.Dbsf}  # k=60: Qdrant's own RRF default
+
+
+def _edge_vector(vector: Any) -> Any:
+    """A query or stored vector as qdrant-edge takes it (its SparseVector for sparse ones)."""
+    if isinstance(vector, SparseVector):
+        return qe.SparseVector(vector.indices.tolist(), vector.values.tolist())
+    return vector
+
+
+def _from_edge(vector: Any) -> Any:
+    if isinstance(vector, qe.SparseVector):
+        return SparseVector.of(vector.indices, vector.values)
+    return list(vector)
+
+
 def _build_filter(filter: Mapping[str, FilterValue] | None) -> Any:
     if not filter:
         return None
@@ -124,6 +147,18 @@ def _build_filter(filter: Mapping[str, FilterValue] | None) -> Any:
         else:
             must.append(qe.FieldCondition(field, range=qe.RangeFloat(gte=val, lte=val)))
     return qe.Filter(must=must)
+
+
+def _params_for(spec: Any) -> Any:
+    """Search params of a vector: rescoring with the originals where it is quantized."""
+    kind = getattr(spec, "quantization", None)
+    if kind is None:
+        return None
+    return qe.SearchParams(quantization=qe.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
+
+
+def _query_vector(vector: Any) -> Any:
+    return _edge_vector(vector) if isinstance(vector, SparseVector) else np.asarray(vector, dtype=np.float32)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -225,7 +260,7 @@ class EdgeStore(VectorStore):
             manifest = self._read_manifest(name)
             if manifest is None:
                 raise CollectionNotFound(f"no collection or alias named {name!r}")
-            specs = {k: VectorSpec.from_dict(v) for k, v in manifest["vectors"].items()}
+            specs = {k: spec_from_dict(v) for k, v in manifest["vectors"].items()}
             self._specs[name] = specs
         return specs
 
@@ -255,8 +290,11 @@ class EdgeStore(VectorStore):
                     datatype=_DATATYPE[s.datatype],
                     quantization_config=_quantization(s.quantization),
                 )
-                for vname, s in specs.items()
+                for vname, s in dense_specs(specs).items()
             },
+            sparse_vectors={
+                vname: qe.EdgeSparseVectorParams(modifier=_MODIFIER[s.modifier]) for vname, s in sparse_specs(specs).items()
+            } or None,
             max_search_threads=self._max_search_threads,
             optimizers=(
                 qe.EdgeOptimizersConfig(indexing_threshold=self._indexing_threshold_kb)
@@ -293,15 +331,17 @@ class EdgeStore(VectorStore):
         if not wanted:
             raise ValueError("a collection needs at least one named vector")
         for vname, spec in wanted.items():
-            if not isinstance(spec, VectorSpec):
-                raise TypeError(f"vector {vname!r}: expected VectorSpec, got {type(spec).__name__}")
+            if not isinstance(spec, (VectorSpec, SparseSpec)):
+                raise TypeError(f"vector {vname!r}: expected VectorSpec or SparseSpec, got {type(spec).__name__}")
+        if not dense_specs(wanted):
+            raise ValueError("a collection needs at least one dense vector")
         indexes = list(dict.fromkeys(payload_indexes))
         with self._rw.write(), self._write_mutex:
             if name in self._read_aliases():
                 raise AliasError(f"{name!r} is an alias; ensure_collection needs a collection name")
             manifest = self._read_manifest(name)
             if manifest is not None:
-                existing = {k: VectorSpec.from_dict(v) for k, v in manifest["vectors"].items()}
+                existing = {k: spec_from_dict(v) for k, v in manifest["vectors"].items()}
                 if existing != wanted:
                     raise CollectionConfigMismatch(describe_mismatch(name, existing, wanted))
                 missing = [f for f in indexes if f not in manifest.get("payload_indexes", [])]
@@ -372,7 +412,8 @@ class EdgeStore(VectorStore):
         col = self.resolve(name)
         specs = self._load_specs(col)
         op = qe.UpdateOperation.upsert_points(
-            [qe.Point(pid, vecs, payload) for pid, vecs, payload in prepare_batch(points, specs)]
+            [qe.Point(pid, {k: _edge_vector(v) for k, v in vecs.items()}, payload)
+             for pid, vecs, payload in prepare_batch(points, specs)]
         )
         with self._rw.read(), self._write_mutex:
             self._shard(col).update(op)
@@ -416,7 +457,7 @@ class EdgeStore(VectorStore):
                     )
                 )
                 for r in records:
-                    vecs = {k: list(v) for k, v in (r.vector or {}).items()} if with_vectors else {}
+                    vecs = {k: _from_edge(v) for k, v in (r.vector or {}).items()} if with_vectors else {}
                     out.append(Point(id=normalize_id(r.id), vectors=vecs, payload=dict(r.payload or {})))
                 if offset is None:
                     break
@@ -449,13 +490,6 @@ class EdgeStore(VectorStore):
         spec = check_vector_name(specs, vector_name, col)
         flt = _build_filter(filter)
 
-        def params_for(s: VectorSpec) -> Any:
-            if s.quantization is None:
-                return None
-            return qe.SearchParams(
-                quantization=qe.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(s.quantization))
-            )
-
         prefetches = None
         if prefetch:
             prefetches = []
@@ -466,19 +500,19 @@ class EdgeStore(VectorStore):
                 prefetches.append(
                     qe.Prefetch(
                         limit=int(p.limit),
-                        query=qe.Query.Nearest(np.asarray(p.vector, dtype=np.float32), using=p.vector_name),
+                        query=qe.Query.Nearest(_query_vector(p.vector), using=p.vector_name),
                         filter=flt,
-                        params=params_for(pspec),
+                        params=_params_for(pspec),
                     )
                 )
         req = qe.QueryRequest(
             limit=top_k,
-            query=qe.Query.Nearest(np.asarray(vector, dtype=np.float32), using=vector_name),
+            query=qe.Query.Nearest(_query_vector(vector), using=vector_name),
             prefetches=prefetches,
             filter=flt,
             with_payload=True,
             with_vector=False,
-            params=params_for(spec),
+            params=_params_for(spec),
         )
         with self._rw.read():
             res = self._shard(col).query(req)
@@ -486,6 +520,36 @@ class EdgeStore(VectorStore):
             Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name=vector_name)
             for r in res
         ]
+
+    def fused_search(
+        self,
+        name: str,
+        prefetch: Sequence[Prefetch],
+        top_k: int,
+        fusion: str = "rrf",
+        filter: Mapping[str, FilterValue] | None = None,
+    ) -> list[Hit]:
+        """One Query API call: every prefetch on its own vector, fused by the engine."""
+        col = self.resolve(name)
+        specs = self._load_specs(col)
+        check_fused(prefetch, top_k, fusion, specs, col)
+        flt = _build_filter(filter)
+        req = qe.QueryRequest(
+            limit=top_k,
+            query=_FUSION[fusion](),
+            prefetches=[
+                qe.Prefetch(limit=int(p.limit), query=qe.Query.Nearest(_query_vector(p.vector), using=p.vector_name),
+                            filter=flt, params=_params_for(specs[p.vector_name]))
+                for p in prefetch
+            ],
+            filter=flt,
+            with_payload=True,
+            with_vector=False,
+        )
+        with self._rw.read():
+            res = self._shard(col).query(req)
+        return [Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name="fusion")
+                for r in res]
 
     # ---- aliases ---------------------------------------------------------------------
     def _read_aliases(self) -> dict[str, str]:

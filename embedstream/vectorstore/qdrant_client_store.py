@@ -15,6 +15,7 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from ._util import (
+    check_fused,
     check_top_k,
     check_vector_name,
     prepare_batch,
@@ -29,13 +30,17 @@ from .base import (
     Hit,
     Point,
     Prefetch,
+    SparseSpec,
+    SparseVector,
     VectorLike,
     VectorSpec,
     VectorStore,
     as_float_list,
+    dense_specs,
     describe_mismatch,
     normalize_id,
     quant_oversampling,
+    sparse_specs,
     validate_name,
 )
 
@@ -52,7 +57,32 @@ _DATATYPE_TO_QDRANT = {
 }
 _DATATYPE_FROM_QDRANT = {v: k for k, v in _DATATYPE_TO_QDRANT.items()}
 
+_MODIFIER_TO_QDRANT = {None: None, "idf": models.Modifier.IDF}
+_FUSION_TO_QDRANT = {"rrf": models.Fusion.RRF, "dbsf": models.Fusion.DBSF}
 _SCROLL_PAGE = 1024
+
+
+def _to_qdrant(vector: Any) -> Any:
+    """A query or stored vector as qdrant-client takes it: a list, or its SparseVector."""
+    if isinstance(vector, SparseVector):
+        return models.SparseVector(indices=vector.indices.tolist(), values=vector.values.tolist())
+    return as_float_list(vector) if not isinstance(vector, list) else vector
+
+
+def _search_params(spec: Any) -> models.SearchParams | None:
+    """Rescoring with the original vectors where a vector is quantized (local mode is brute force and
+    warns on every call given search params: callers skip it there)."""
+    kind = getattr(spec, "quantization", None)
+    if kind is None:
+        return None
+    return models.SearchParams(
+        quantization=models.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
+
+
+def _from_qdrant(vector: Any) -> Any:
+    if isinstance(vector, models.SparseVector):
+        return SparseVector.of(vector.indices, vector.values)
+    return list(vector)
 _SPEC_TTL_S = 10.0
 
 
@@ -163,6 +193,9 @@ class QdrantClientStore(VectorStore):
                     f"collection {name!r} vector {vname!r} uses a config embedstream cannot express "
                     f"(distance={vp.distance}, datatype={vp.datatype}, quantization={quant}): {exc}"
                 ) from exc
+        for vname, sp in (params.sparse_vectors or {}).items():
+            modifier = "idf" if sp.modifier == models.Modifier.IDF else None
+            specs[vname] = SparseSpec(modifier)  # type: ignore[assignment]
         return specs
 
     # ---- collections -----------------------------------------------------------------
@@ -219,8 +252,12 @@ class QdrantClientStore(VectorStore):
                             datatype=_DATATYPE_TO_QDRANT[spec.datatype],
                             quantization_config=_quantization_config(spec.quantization),
                         )
-                        for vname, spec in wanted.items()
+                        for vname, spec in dense_specs(wanted).items()
                     },
+                    sparse_vectors_config={
+                        vname: models.SparseVectorParams(modifier=_MODIFIER_TO_QDRANT[spec.modifier])
+                        for vname, spec in sparse_specs(wanted).items()
+                    } or None,
                     **self.collection_options,
                 )
                 created = True
@@ -269,7 +306,7 @@ class QdrantClientStore(VectorStore):
             return
         specs = self._cached_specs(name)
         structs = [
-            models.PointStruct(id=pid, vector=vecs, payload=payload)
+            models.PointStruct(id=pid, vector={k: _to_qdrant(v) for k, v in vecs.items()}, payload=payload)
             for pid, vecs, payload in prepare_batch(points, specs)
         ]
         self.client.upsert(collection_name=name, points=structs, wait=wait)
@@ -321,7 +358,7 @@ class QdrantClientStore(VectorStore):
             for r in records:
                 vecs: dict[str, Any] = {}
                 if with_vectors and isinstance(r.vector, dict):
-                    vecs = {k: list(v) for k, v in r.vector.items()}  # type: ignore[arg-type]
+                    vecs = {k: _from_qdrant(v) for k, v in r.vector.items()}
                 out.append(Point(id=normalize_id(r.id), vectors=vecs, payload=dict(r.payload or {})))
             if offset is None:
                 break
@@ -349,27 +386,19 @@ class QdrantClientStore(VectorStore):
         check_top_k(top_k)
         flt = _build_filter(filter)
         # Local mode is brute force and warns on every call if given search params.
-        spec = None if self.is_local else self._cached_specs(name).get(vector_name)
-        quantization = spec.quantization if spec is not None else None
-        params = (
-            None
-            if quantization is None
-            else models.SearchParams(
-                quantization=models.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(quantization))
-            )
-        )
+        params = None if self.is_local else _search_params(self._cached_specs(name).get(vector_name))
         pf = None
         if prefetch:
             pf = [
                 models.Prefetch(
-                    query=as_float_list(p.vector), using=p.vector_name, limit=int(p.limit), filter=flt, params=params
+                    query=_to_qdrant(p.vector), using=p.vector_name, limit=int(p.limit), filter=flt, params=params
                 )
                 for p in prefetch
             ]
         try:
             res = self.client.query_points(
                 collection_name=name,
-                query=as_float_list(vector),
+                query=_to_qdrant(vector),
                 using=vector_name,
                 prefetch=pf,
                 query_filter=flt,
@@ -391,6 +420,38 @@ class QdrantClientStore(VectorStore):
             Hit(id=normalize_id(p.id), score=float(p.score), payload=dict(p.payload or {}), vector_name=vector_name)
             for p in res.points
         ]
+
+    def fused_search(
+        self,
+        name: str,
+        prefetch: Sequence[Prefetch],
+        top_k: int,
+        fusion: str = "rrf",
+        filter: Mapping[str, FilterValue] | None = None,
+    ) -> list[Hit]:
+        """One Query API call: the prefetches run and are fused by Qdrant (``FusionQuery``)."""
+        specs = self._cached_specs(name)
+        check_fused(prefetch, top_k, fusion, specs, name)
+        flt = _build_filter(filter)
+
+        def params(spec: Any) -> models.SearchParams | None:
+            return None if self.is_local else _search_params(spec)
+
+        try:
+            res = self.client.query_points(
+                collection_name=name,
+                prefetch=[models.Prefetch(query=_to_qdrant(p.vector), using=p.vector_name, limit=int(p.limit),
+                                          filter=flt, params=params(specs[p.vector_name])) for p in prefetch],
+                query=models.FusionQuery(fusion=_FUSION_TO_QDRANT[fusion]),
+                query_filter=flt,
+                limit=top_k,
+                with_payload=True,
+                with_vectors=False,
+            )
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+        return [Hit(id=normalize_id(p.id), score=float(p.score), payload=dict(p.payload or {}), vector_name="fusion")
+                for p in res.points]
 
     # ---- aliases ---------------------------------------------------------------------
     def list_aliases(self) -> dict[str, str]:

@@ -1,0 +1,126 @@
+"""Sparse vectors beside dense ones, and fused searches, on every backend (':memory:' and qdrant-edge).
+
+Expected rankings come from numpy brute force (BM25's IDF as Qdrant defines it, reciprocal rank
+fusion), not from the store."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+import pytest
+
+from embedstream.vectorstore import CollectionConfigMismatch, Point, Prefetch, SparseSpec, SparseVector, VectorSpec
+from embedstream.vectorstore.edge_store import EdgeStore
+from embedstream.vectorstore.qdrant_client_store import QdrantClientStore
+
+N, DIM, VOCAB = 120, 16, 40
+SPECS = {"full": VectorSpec(DIM), "sparse_bm25": SparseSpec("idf"), "sparse_splade": SparseSpec()}
+
+
+@pytest.fixture(params=["memory", "edge"])
+def store(request, tmp_path):
+    s = QdrantClientStore.in_memory() if request.param == "memory" else EdgeStore(tmp_path / "edge")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(7)
+    dense = rng.standard_normal((N, DIM)).astype(np.float32)
+    dense /= np.linalg.norm(dense, axis=1, keepdims=True)
+    sparse = []
+    for _ in range(N):
+        terms = rng.choice(VOCAB, size=int(rng.integers(1, 8)), replace=False)
+        sparse.append(SparseVector.of(terms, rng.uniform(0.2, 2.0, terms.size)))
+    ids = [str(uuid.UUID(int=i + 1)) for i in range(N)]
+    return {"dense": dense, "sparse": sparse, "ids": ids}
+
+
+def _fill(store, data):
+    store.ensure_collection("docs", SPECS)
+    store.upsert("docs", [Point(pid, {"full": data["dense"][i], "sparse_bm25": data["sparse"][i],
+                                      "sparse_splade": data["sparse"][i]}, {"i": i})
+                          for i, pid in enumerate(data["ids"])])
+
+
+def _bm25_scores(data, query: SparseVector) -> np.ndarray:
+    """Qdrant's IDF modifier: idf(t) = ln(1 + (N - n_t + 0.5) / (n_t + 0.5)), times the stored weight."""
+    scores = np.zeros(N)
+    for t, qv in zip(query.indices, query.values):
+        holders = [(i, v.values[np.searchsorted(v.indices, t)]) for i, v in enumerate(data["sparse"]) if t in v.indices]
+        idf = math.log(1 + (N - len(holders) + 0.5) / (len(holders) + 0.5))
+        for i, w in holders:
+            scores[i] += idf * qv * w
+    return scores
+
+
+def test_collection_holds_sparse_specs_and_refuses_a_different_set(store, data):
+    assert store.ensure_collection("docs", SPECS) is True
+    assert store.get_vector_specs("docs") == SPECS
+    assert store.ensure_collection("docs", SPECS) is False
+    with pytest.raises(CollectionConfigMismatch, match="sparse_bm25"):
+        store.ensure_collection("docs", {"full": VectorSpec(DIM)})
+    store.ensure_collection("dense_only", {"full": VectorSpec(DIM)})
+    with pytest.raises(CollectionConfigMismatch, match="sparse_bm25"):
+        store.ensure_collection("dense_only", SPECS)
+
+
+def test_one_point_holds_dense_and_sparse_and_reads_them_back(store, data):
+    _fill(store, data)
+    (point,) = [p for p in store.scroll("docs", with_vectors=True) if p.id == data["ids"][3]]
+    assert point.vectors["sparse_bm25"] == data["sparse"][3]
+    np.testing.assert_allclose(point.vectors["full"], data["dense"][3], atol=1e-6)
+
+
+def test_sparse_search_applies_the_idf_modifier(store, data):
+    _fill(store, data)
+    query = SparseVector.of([1, 5, 9], [1.0, 1.0, 1.0])
+    hits = store.search("docs", "sparse_bm25", query, 10)
+    expected = _bm25_scores(data, query)
+    for hit in hits:
+        assert hit.score == pytest.approx(expected[hit.payload["i"]], rel=1e-4)
+    assert [round(h.score, 4) for h in hits] == [round(s, 4) for s in sorted(expected, reverse=True)[:len(hits)]]
+    plain = store.search("docs", "sparse_splade", query, 3)  # no modifier: the dot product itself
+    assert plain[0].score == pytest.approx(max(sum(v.values[np.isin(v.indices, [1, 5, 9])]) for v in data["sparse"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("fusion", ["rrf", "dbsf"])
+def test_fused_search_combines_dense_and_sparse_lists(store, data, fusion):
+    _fill(store, data)
+    query_dense = data["dense"][11] + 0.3 * data["dense"][12]
+    query_sparse = SparseVector.of([2, 3], [1.0, 1.0])
+    prefetch = [Prefetch("full", query_dense, 20), Prefetch("sparse_bm25", query_sparse, 15)]
+    hits = store.fused_search("docs", prefetch, 10, fusion)
+    dense_ids = [h.id for h in store.search("docs", "full", query_dense, 20)]
+    sparse_ids = [h.id for h in store.search("docs", "sparse_bm25", query_sparse, 15)]
+    assert len(hits) == 10 and all(h.vector_name == "fusion" for h in hits)
+    assert {h.id for h in hits} <= set(dense_ids) | set(sparse_ids)
+    if fusion == "rrf":  # 1 / (k + rank), k = 60 and rank from 0 in both backends... or from 1: the order is the same
+        def rrf(pid):
+            return sum(1 / (60 + ids.index(pid)) for ids in (dense_ids, sparse_ids) if pid in ids)
+
+        expected = sorted({*dense_ids, *sparse_ids}, key=rrf, reverse=True)
+        assert sorted(rrf(h.id) for h in hits) == pytest.approx(sorted(rrf(p) for p in expected[:10]), rel=1e-9)
+    both = set(dense_ids) & set(sparse_ids)
+    assert both <= {h.id for h in hits} or len(both) > 10  # a point in both lists outranks one in a single list
+
+
+def test_deleting_a_point_removes_its_sparse_vector_too(store, data):
+    _fill(store, data)
+    query = data["sparse"][5]
+    assert data["ids"][5] in [h.id for h in store.search("docs", "sparse_bm25", query, 50)]
+    store.delete_points("docs", [data["ids"][5]])
+    assert data["ids"][5] not in [h.id for h in store.search("docs", "sparse_bm25", query, N)]
+    assert data["ids"][5] not in [h.id for h in store.fused_search("docs", [Prefetch("sparse_splade", query, N)], N)]
+
+
+def test_fused_search_refuses_a_vector_the_collection_lacks(store, data):
+    store.ensure_collection("dense_only", {"full": VectorSpec(DIM)})
+    with pytest.raises(ValueError, match="sparse_bm25"):
+        store.fused_search("dense_only", [Prefetch("full", data["dense"][0], 5),
+                                          Prefetch("sparse_bm25", data["sparse"][0], 5)], 5)
+    with pytest.raises(ValueError, match="is dense"):
+        store.fused_search("dense_only", [Prefetch("full", data["sparse"][0], 5)], 5)
