@@ -41,7 +41,7 @@ from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.online_first import OnlineFirst
 from embedstream.workers.scheduler import Scheduler
-from embedstream.workers.sink import EmbeddedChunk, QdrantSink
+from embedstream.workers.sink import EmbeddedChunk, QdrantSink, StoreReads
 from embedstream.workers.stages import Stage, StagedWorkerLoop
 from embedstream.workers.trust import TrustError, TrustPolicy, admit
 
@@ -133,8 +133,10 @@ class EmbedWorker(StagedWorkerLoop):
                         why="an OpenVINO pass does not yield between layers: a query waits for the whole bulk pass "
                             "ahead of it; run online lanes on backend auto (packed) and bulk on openvino")
         self._served_between_s = 0.0  # time the current bulk pass spent serving online work at its checkpoints
-        self._online_computing = False
-        self._pass_wait_until = 0.0  # perf_counter until which a query arriving now waits for the running pass
+        # Per lane, the passes running now (a query pass may run inside a bulk pass's checkpoint): for each, the
+        # perf_counter until which a query arriving now waits for it. A pass removes only its own entry.
+        self._running: dict[str, list[float]] = {"online": [], "bulk": []}
+        self.lookups = StoreReads(sink.unchanged)  # unchanged-chunk lookups: off the stage that answers queries
         self.online_first = OnlineFirst(self._online_pending) if both else None  # bulk host work steps aside
         self.last_commit = 0.0
         self.policy = TrustPolicy.from_settings(settings)
@@ -240,7 +242,7 @@ class EmbedWorker(StagedWorkerLoop):
         """The items to queue; a query whose deadline is gone, or that cannot finish by it behind the tokens
         queued ahead of it, is answered ``deadline_exceeded`` at once instead (``workers/admission.py``)."""
         now, ahead, admitted = now_ms(), lane.queue.tokens, []
-        running = max(0.0, (self._pass_wait_until - time.perf_counter()) * 1000)
+        running = max(0.0, self._running_ms())
         for item in items:
             if isinstance(item.event, QueryRequest):
                 reason = self.admission.refuse_on_arrival(item.event.deadline_ms, now)
@@ -292,7 +294,12 @@ class EmbedWorker(StagedWorkerLoop):
     def _online_pending(self) -> bool:
         """Online work is queued or in a pass: bulk host work should step aside (``OnlineFirst``)."""
         online = self.lanes.get("online")
-        return self._online_computing or (online is not None and bool(online.queue))
+        return bool(self._running["online"]) or (online is not None and bool(online.queue))
+
+    def _running_ms(self) -> float:
+        """How long a query arriving now waits for the passes running (0 when none)."""
+        now = time.perf_counter()
+        return max((until - now) * 1000 for runs in self._running.values() for until in runs[-1:] or [now])
 
     def _online_arrivals(self, online: Lane, wait_s: float = 0.0005) -> int:
         """Wait briefly for intake to queue more online work; how many items arrived meanwhile."""
@@ -317,25 +324,25 @@ class EmbedWorker(StagedWorkerLoop):
         if self.options.skip_unchanged:
             live = self._skip_unchanged(live, _deleted_earlier(batch))
         if not live:
-            return [WriteJob(batch, {})]
+            return _write_jobs(batch, {})
         timings = StageTimings()
         predicted_ms = self.admission.model.predict(sum(i.tokens for i in live))
         preemptible = self.yield_points > 0 and live[0].lane == "bulk"
         # How long a query arriving now waits for this pass: all of it, or one step where it yields
         # (two points per layer: after attention, after the MLP).
         wait_ms = predicted_ms / (2 * self.yield_points) if preemptible else predicted_ms
-        self._pass_wait_until = time.perf_counter() + wait_ms / 1000
+        running = self._running[live[0].lane]
+        running.append(time.perf_counter() + wait_ms / 1000)
         if preemptible:
             self._served_between_s = 0.0
-        self._online_computing = live[0].lane == "online"
         pass_start = time.perf_counter()
         try:
             with yielding_to(self._serve_online_between) if preemptible else nullcontext():
                 vectors = self.engine.forward([i.prepared for i in live], timings)
         except Exception as exc:  # noqa: BLE001 - a failed pass fails its records, never the worker
-            self._online_computing = False
+            running.pop()
             return self._forward_failed(batch, live, exc)
-        self._pass_wait_until = 0.0
+        running.pop()
         served_ms = self._served_between_s * 1000 if preemptible else 0.0
         timings.forward_ms = max(0.0, timings.forward_ms - served_ms)  # this pass's own time
         self.metrics.observe_batch(live[0].lane, timings, len(live))
@@ -350,8 +357,7 @@ class EmbedWorker(StagedWorkerLoop):
                 self._answer(item, vector, start, timings)
             else:
                 chunks[id(item)] = vector
-        self._online_computing = False
-        return [WriteJob(batch, chunks)]
+        return _write_jobs(batch, chunks)
 
     def _serve_online_between(self) -> None:
         """At a bulk pass's checkpoint: run the queued online work now (no batching window: it is late
@@ -370,6 +376,28 @@ class EmbedWorker(StagedWorkerLoop):
         with self.queued:
             batch = self.scheduler.next_batch(online.queue, None)
         return self.compute(batch) if batch else []
+
+    def _wait_answering_queries(self, done, timeout_s: float | None = None) -> bool:
+        """Wait on the model stage for ``done()`` (room in the output queue, a lookup, writes in flight), at most
+        ``timeout_s`` (None: until it is done or the worker stops), answering queued queries meanwhile: they
+        make no write, so nothing the sink holds back can hold them. Whether ``done()`` came true."""
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        stage = self.current_stage()
+        online = self.lanes.get("online")
+        while not done():
+            if self._halt.is_set() or (end is not None and time.monotonic() >= end):
+                return False
+            if online is not None and online.queue:
+                with self.queued:
+                    queries = online.queue.take_where(lambda i: isinstance(i.event, QueryRequest), self.engine.limits)
+                if queries:
+                    self.compute(queries)  # replies only: no write job
+                    continue
+            with self.writes:
+                self.writes.wait(_HAND_ON_SLICE_S)
+            if stage is not None:
+                stage.touch()  # held back by the sink on purpose: its own step is watched
+        return True
 
     def process(self, batch: list[WorkItem]) -> None:
         """Compute and write one batch on the calling thread (a step driven by hand; the stages split it)."""
@@ -414,7 +442,7 @@ class EmbedWorker(StagedWorkerLoop):
             self._reply_error(item.lane, item.record, item.event, item.handle, info)
         else:
             self.lanes[item.lane].dead_letter(item.record, info, item.handle)
-        return [WriteJob(batch, {})]
+        return _write_jobs(batch, {})
 
     def _answer(self, item: WorkItem, vector, start: float, timings: StageTimings) -> None:
         result = self.engine.finish(item.prepared, vector)
@@ -444,17 +472,18 @@ class EmbedWorker(StagedWorkerLoop):
         if not candidates:
             return items
         docs = {i.doc_key for i in candidates}
-        end = time.monotonic() + _SKIP_WAIT_S
+        self._wait_answering_queries(lambda: docs.isdisjoint(self.docs_in_flight), _SKIP_WAIT_S)
         with self.writes:
-            while (not docs.isdisjoint(self.docs_in_flight) and not self._halt.is_set()
-                   and (left := end - time.monotonic()) > 0):
-                self.writes.wait(min(left, _WAIT_S))
             in_flight = set(self.docs_in_flight)
         chunks = [i for i in candidates if i.doc_key not in in_flight]
         if not chunks:
             return items
+        lookup = self.lookups.start([i.event for i in chunks])
+        if lookup is None or not self._wait_answering_queries(lookup.done, _SKIP_WAIT_S):
+            log.warning("unchanged-chunk lookup unanswered; embedding the batch", waited_s=_SKIP_WAIT_S)
+            return items
         try:
-            same = self.sink.unchanged([i.event for i in chunks])
+            same = lookup.result()
         except Exception as exc:  # noqa: BLE001 - lookup failed: embed them all; the upsert retries the sink
             log.warning("unchanged-chunk lookup failed; embedding the batch", error=str(exc)[:300])
             return items
@@ -483,32 +512,25 @@ class EmbedWorker(StagedWorkerLoop):
         self.progressed()
 
     def _hand_on(self, job: WriteJob) -> None:
-        """Queue a job for the output stage, waiting while its queue is full (the backpressure).
-
-        While a bulk job waits for room, queued online work is computed meanwhile (its replies go out;
-        its own jobs follow the bulk one): otherwise a query waits for the model stage, which waits for
-        the output stage, which holds bulk writes while a query is pending (``OnlineFirst``), up to
-        its 50 ms hold; a query's in-worker time under a backlog reached 37-81 ms (p95) that way."""
+        """Queue a job for the output stage, waiting while its queue is full (the backpressure); queued
+        queries are answered meanwhile (a slow or absent sink holds writes, never replies)."""
         keys = job.doc_keys
         with self.writes:
             self.docs_in_flight.update(keys)
-        stage = self.current_stage()
-        bulk = bool(job.items) and job.items[0].lane == "bulk" and "online" in self.lanes
-        later: list[WriteJob] = []
-        while True:
+
+        handed: list[WriteJob] = []
+
+        def handed_or_stopped() -> bool:
             try:
-                self.to_output.put(job, timeout=_HAND_ON_SLICE_S if bulk else _WAIT_S)
-                break
+                self.to_output.put_nowait(job)
+                handed.append(job)
+                return True
             except queue.Full:
-                if self._halt.is_set() or not self._stage_alive("output"):  # stopped: redelivered later
-                    log.info("stopping: a computed batch was not written", items=len(job.items))
-                    return
-                if bulk:
-                    later += self._compute_online_now()
-                if stage is not None:
-                    stage.touch()  # held back by the output stage on purpose: its own step is watched
-        for online_job in later:
-            self._hand_on(online_job)
+                return not self._stage_alive("output")
+
+        self._wait_answering_queries(handed_or_stopped)
+        if not handed:  # stopped: redelivered later
+            log.info("stopping: a computed batch was not written", items=len(job.items))
 
     # -- output stage --------------------------------------------------------------------------
     def output_step(self) -> None:
@@ -659,6 +681,13 @@ class EmbedWorker(StagedWorkerLoop):
 
     def readiness_checks(self) -> dict:
         return {**super().readiness_checks(), "qdrant": lambda: self.sink.store.list_collections() is not None}
+
+
+def _write_jobs(batch: list[WorkItem], vectors: dict[int, object]) -> list[WriteJob]:
+    """What of a computed batch goes to the output stage: nothing when it writes nothing (queries answered,
+    chunks found unchanged), so reply-only work never waits for room there."""
+    writes = vectors or any(isinstance(item.event, DocumentDelete) for item in batch)
+    return [WriteJob(batch, vectors)] if writes else []
 
 
 def _yield_points(engine: Engine) -> int:

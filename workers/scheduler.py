@@ -63,6 +63,16 @@ class WorkQueue(Generic[T]):
     def lengths(self) -> list[int]:
         return [item.tokens for item in self._items]
 
+    def take_where(self, wanted: Callable[[T], bool], limits: BatchLimits) -> list[T]:
+        """A FIFO prefix, within ``limits``, of the items ``wanted`` picks (at least one when any); the others
+        keep their places (e.g. the queries of an online queue, while its chunks wait for the sink)."""
+        picked = [item for item in self._items if wanted(item)]
+        count = take_prefix([item.tokens for item in picked], limits) or min(1, len(picked))
+        chosen = {id(item) for item in picked[:count]}
+        if chosen:
+            self.keep(lambda item: id(item) not in chosen)
+        return picked[:count]
+
     @property
     def oldest(self) -> T | None:
         return self._items[0] if self._items else None
