@@ -9,9 +9,6 @@ Ids, names and codecs are the layout's (:mod:`embedstream.vectors`), shared with
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +19,7 @@ from embedstream.vectors import FULL, is_layout_key, matryoshka_cut, mrl_name, p
 from embedstream.vectorstore.base import Point, VectorSpec, VectorStore
 from embedstream.workers.trust import content_hash
 
-__all__ = ["EmbeddedChunk", "QdrantSink", "SinkConfig", "StoreReads", "collection_vectors", "point_id"]
+__all__ = ["EmbeddedChunk", "QdrantSink", "SinkConfig", "collection_vectors", "point_id"]
 
 
 @dataclass
@@ -94,9 +91,6 @@ class QdrantSink:
         """Create ``name`` (a collection or an alias's target) with this model's vectors if missing."""
         return self._collection(name)
 
-    def to_point(self, item: EmbeddedChunk) -> Point:
-        return self.to_points([item])[0]
-
     def to_points(self, items: list[EmbeddedChunk]) -> list[Point]:
         """Points for a batch: the storage forms computed once on the stacked [N, D] matrix (the same
         functions, row-wise, that :func:`embedstream.vectors.named_vectors` applies to one vector), each
@@ -166,28 +160,3 @@ class QdrantSink:
                 self.store.delete_points(collection, stale)
         else:
             self.store.delete_by_field(collection, "doc_id", event.doc_id)
-
-
-class StoreReads:
-    """A store read (the unchanged-chunk lookup) on a daemon thread of its own, one at a time. The caller waits
-    for the answer as long as it chooses; a read the store never answers holds nobody, and while it is out
-    ``start`` refuses the next one (None: go on without it)."""
-
-    def __init__(self, read: Callable):
-        self._read = read
-        self._last: Future | None = None
-
-    def start(self, *args) -> Future | None:
-        if self._last is not None and not self._last.done():
-            return None
-        future: Future = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(self._read(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever reads the answer
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="embedstream-store-read", daemon=True).start()
-        self._last = future
-        return future

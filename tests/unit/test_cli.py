@@ -100,12 +100,12 @@ def test_a_coded_error_ends_the_command_as_one_line_and_exit_2():
 @pytest.fixture
 def built_workers(monkeypatch):
     """Run the worker commands up to the point where a worker would start; record what they were built from."""
-    from embedstream.workers import rerank_worker, runtime, serve
+    from embedstream.workers import runtime, serve
 
     built: list[dict] = []
     monkeypatch.setattr(runtime, "build_embed_worker",
                         lambda settings, lanes, model=None: built.append({"settings": settings, "lanes": lanes}))
-    monkeypatch.setattr(rerank_worker, "build_rerank_worker",
+    monkeypatch.setattr(runtime, "build_rerank_worker",
                         lambda settings, model, embed_model=None, **kw: built.append({"settings": settings, **kw}))
     monkeypatch.setattr(serve, "run_until_signalled", lambda worker, metrics_port: None)
     return built
