@@ -7,8 +7,8 @@ order a request meets it:
    once (its deadline already gone, or it cannot finish by it behind the work queued ahead and the
    passes running now);
 2. **gathering** (``arrived``, ``gather``): how long a fresh batch waits for company (the window);
-3. **its turn** (``at_turn``): run, or shed because its own pass's predicted compute ends after its
-   deadline (``expired``: the last look at the pass's door, the clock only);
+3. **its turn** (``at_turn``): run, or shed because its deadline is gone or its own pass's predicted
+   compute ends after it (asked at the pass's door, after any retrieval);
 4. **passes** (``running_pass``): a pass starts and ends; each kind (online, bulk) has its own stack,
    so a query pass run at a bulk pass's checkpoint ends only itself: the bulk pass it ran inside is
    still judged as running (what ``running_ms`` tells an arrival);
@@ -94,10 +94,6 @@ class TurnPolicy:
                 extra_ms: float = 0.0) -> str | None:
         """Why a request about to run would still miss its deadline (its own pass's compute), or None: run it."""
         return self.controller.late(deadline_ms, now_ms, ahead, tokens, max_pass_tokens, extra_ms, queued=False)
-
-    def expired(self, deadline_ms: int, now_ms: int) -> str | None:
-        """The last look, at the pass's door: only a deadline already gone is shed (nothing predicted)."""
-        return self.at_turn(deadline_ms, now_ms, 0, 0) if deadline_ms and deadline_ms <= now_ms else None
 
     # -- 4. passes -------------------------------------------------------------------------------
     @contextmanager

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from embedstream.config import WorkerSettings
-from embedstream.workers.admission import EXPIRED_IN_QUEUE, PREDICTED_LATE, AdmissionConfig, LaneController
+from embedstream.workers.admission import (EXPIRED_IN_QUEUE, LATE_AT_PASS, PREDICTED_LATE, AdmissionConfig,
+                                           LaneController)
 from embedstream.workers.policy import BULK, ONLINE, TurnPolicy
 
 
@@ -62,10 +63,14 @@ def test_an_arrival_is_judged_behind_the_pass_running_and_admitted_when_idle():
         assert policy.on_arrival(10_000 + 50, 10_000, ahead=0, tokens=10).shed == PREDICTED_LATE
 
 
-def test_a_deadline_gone_at_the_door_is_shed_and_a_future_one_is_not():
+def test_at_its_turn_a_deadline_gone_or_a_pass_too_long_is_shed_and_the_rest_runs():
     policy = _policy()
-    assert policy.expired(1000, 1000) == EXPIRED_IN_QUEUE
-    assert policy.expired(1001, 1000) is None and policy.expired(0, 1000) is None
+    assert policy.at_turn(1000, 1000, ahead=0, tokens=10) == EXPIRED_IN_QUEUE
+    assert policy.at_turn(1001, 1000, ahead=0, tokens=10) is None  # nothing learnt yet: nothing predicted
+    policy.controller.model.observe(100, 100.0)  # 1 ms per token
+    policy.controller.model.observe(200, 200.0)
+    assert policy.at_turn(1000 + 50, 1000, ahead=0, tokens=10) is None
+    assert policy.at_turn(1000 + 50, 1000, ahead=100, tokens=10) == LATE_AT_PASS
 
 
 # -- online first? (moved from test_online_first.py) ----------------------------------------------
@@ -158,3 +163,43 @@ def test_gathering_polls_until_the_window_ends_and_a_lone_request_goes_at_once()
     policy.arrived(0.0, 4)  # a burst
     policy.gather(Oldest(), 0, poll, full=lambda: False, queued_tokens=lambda: 1)
     assert len(polls) == 5 and clock.now == pytest.approx(0.005)
+
+
+# -- the unchanged-chunk lookup never holds the caller longer than its bound -----------------------
+def test_a_lookup_the_store_never_answers_is_given_up_after_the_bound_and_the_next_is_not_started():
+    import threading
+    import time
+
+    from embedstream.schemas import ChunkEvent
+    from embedstream.workers.unchanged import UnchangedChunks
+
+    hung, calls = threading.Event(), []
+
+    def lookup(events):  # a store that stopped answering
+        calls.append(len(events))
+        hung.wait(30)
+        return [True] * len(events)
+
+    def wait(done, timeout_s):  # the worker answers queries here; this one only waits
+        end = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < end:
+            time.sleep(0.001)
+        return done()
+
+    class Item:
+        def __init__(self, i):
+            self.event = ChunkEvent(doc_id=f"d{i}", chunk_id=0, text="t")
+            self.doc_key = ("docs", f"d{i}")
+
+    finder = UnchangedChunks(lookup, wait, wait_s=0.05)
+    items = [Item(i) for i in range(3)]
+    try:
+        assert finder.find(items, items, set) == set()  # unanswered: nothing skipped, every chunk embedded
+        assert finder.find(items, items, set) == set()  # the hung read is still out: no second one
+        assert calls == [3]
+    finally:
+        hung.set()
+    end, found = time.monotonic() + 10, set()
+    while not found and time.monotonic() < end:  # once the hung read has returned, a new one is answered
+        found = finder.find(items, items, set)
+    assert found == {id(i) for i in items}  # the store answers again: unchanged chunks are skipped
