@@ -99,7 +99,7 @@ class EmbedWorker(StagedWorkerLoop):
         self.admission = LaneController(ONLINE, AdmissionConfig.from_settings(self.options))  # the online lane's estimators
         self.scheduler.admission = self.admission  # bulk slices shrink while online is at risk
         both = {ONLINE, BULK} <= set(self.options.lanes)
-        self.turns = TurnPolicy(self.admission, self._online_queued, max_hold_s=0.05 if both else 0.0)
+        self.turns = TurnPolicy(self.admission, self._online_queued, max_aside_s=0.05 if both else 0.0)
         # A bulk pass on the CPU lets queued queries run between its layers (engine/yield_points.py).
         self.yield_points = _yield_points(engine) if both else 0
         self.scheduler.yield_points = max(1, self.yield_points)

@@ -15,7 +15,7 @@ order a request meets it:
 5. **replies** (``replied``): what the estimators learn from each answer;
 6. **online first?** (``online_first``, ``step_aside``): the embed worker's one question, asked by
    intake (fetch queries before decoding more bulk), at a bulk pass's checkpoints (serve queries
-   now) and by the output stage (hold bulk writes while a query's pass and reply go first).
+   now) and by the output stage (a bulk write steps aside while a query's pass and reply go first).
 
 The estimators it consults (compute model, latency tracker, deadlines: ``workers/admission.py``) stay
 apart and transport-free; batch formation stays in ``workers/scheduler.py``. No Kafka types here:
@@ -48,16 +48,16 @@ class TurnPolicy:
     """One online lane's turn-taking over one engine (see the module doc).
 
     ``queued_online``: whether online work waits in its queue (the embed worker's online lane).
-    ``max_hold_s``: the longest ``step_aside`` holds a bulk step at once, so bulk progresses under any load."""
+    ``max_aside_s``: the longest one ``step_aside`` delays a bulk step, so bulk progresses under any load."""
 
     def __init__(self, controller: LaneController, queued_online: Callable[[], bool] = lambda: False,
-                 max_hold_s: float = 0.05, clock: Callable[[], float] = time.perf_counter):
+                 max_aside_s: float = 0.05, clock: Callable[[], float] = time.perf_counter):
         self.controller = controller
         self.queued_online = queued_online
-        self.max_hold_s = max_hold_s
+        self.max_aside_s = max_aside_s
         self.clock = clock
         self._running: dict[str, list[float]] = defaultdict(list)  # per kind: until when an arrival waits for it
-        self.held_s = 0.0  # bulk steps held for online work, in total
+        self.aside_s = 0.0  # time bulk steps stood aside for online work, in total
 
     # -- 1. arrival ------------------------------------------------------------------------------
     def on_arrival(self, deadline_ms: int | None, now_ms: int, ahead: int, tokens: int,
@@ -133,13 +133,13 @@ class TurnPolicy:
         return self.computing(ONLINE) or self.queued_online()
 
     def step_aside(self, wait: Callable[[float], object] = time.sleep, step_s: float = 0.0005) -> float:
-        """Before a bulk step: wait in steps of ``step_s`` while online work goes first, at most ``max_hold_s``
-        (``wait`` may do useful work meanwhile, e.g. fetch queries); returns the seconds held."""
-        if self.max_hold_s <= 0 or not self.online_first():
+        """Before a bulk step: wait in steps of ``step_s`` while online work goes first, at most ``max_aside_s``
+        (``wait`` may do useful work meanwhile, e.g. fetch queries); returns the seconds it stood aside."""
+        if self.max_aside_s <= 0 or not self.online_first():
             return 0.0
         start = self.clock()
-        while self.online_first() and self.clock() - start < self.max_hold_s:
+        while self.online_first() and self.clock() - start < self.max_aside_s:
             wait(step_s)
-        held = self.clock() - start
-        self.held_s += held
-        return held
+        aside = self.clock() - start
+        self.aside_s += aside
+        return aside

@@ -21,10 +21,10 @@ class Clock:
         self.now += s
 
 
-def _policy(queued=lambda: False, clock=None, max_hold_s=0.05, **config) -> TurnPolicy:
+def _policy(queued=lambda: False, clock=None, max_aside_s=0.05, **config) -> TurnPolicy:
     clock = clock or Clock()
     controller = LaneController(ONLINE, AdmissionConfig(**config), clock=clock)
-    return TurnPolicy(controller, queued, max_hold_s=max_hold_s, clock=clock)
+    return TurnPolicy(controller, queued, max_aside_s=max_aside_s, clock=clock)
 
 
 def _window(window_ms: float) -> LaneController:
@@ -82,16 +82,16 @@ def test_no_wait_when_no_online_work_is_pending():
 
 def test_waits_until_online_work_is_done():
     clock = Clock()
-    gate = _policy(lambda: clock.now < 0.012, clock=clock, max_hold_s=0.05)
+    gate = _policy(lambda: clock.now < 0.012, clock=clock, max_aside_s=0.05)
     held = gate.step_aside(clock.sleep, step_s=0.001)
-    assert 0.012 <= held < 0.0135 and gate.held_s == held
+    assert 0.012 <= held < 0.0135 and gate.aside_s == held
 
 
 def test_never_holds_bulk_longer_than_the_bound_under_endless_online_load():
     clock = Clock()
-    gate = _policy(lambda: True, clock=clock, max_hold_s=0.05)
+    gate = _policy(lambda: True, clock=clock, max_aside_s=0.05)
     assert 0.05 <= gate.step_aside(clock.sleep, step_s=0.001) < 0.052
-    assert _policy(lambda: True, clock=clock, max_hold_s=0.0).step_aside(clock.sleep) == 0.0
+    assert _policy(lambda: True, clock=clock, max_aside_s=0.0).step_aside(clock.sleep) == 0.0
 
 
 # -- gathering: the window (moved from test_batching_window.py) -----------------------------------
