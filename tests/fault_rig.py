@@ -30,6 +30,51 @@ class FlakyStore:
         return getattr(self.store, name)
 
 
+class OutageStore:
+    """The real in-memory store behind a switch: ``refuse()`` makes every call raise a connection error (a
+    crashed server), ``hang()`` makes every call block until ``restore()`` (a server that stopped answering)."""
+
+    def __init__(self, store):
+        import threading
+
+        self.store = store
+        self.mode: str | None = None
+        self.calls_in_outage = 0
+        self._answering = threading.Event()
+        self._answering.set()
+
+    def refuse(self) -> None:
+        self.mode = "refuse"
+
+    def hang(self) -> None:
+        self.mode = "hang"
+        self._answering.clear()
+
+    def restore(self) -> None:
+        self.mode = None
+        self._answering.set()
+
+    def __getattr__(self, name):
+        attr = getattr(self.store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            if self.mode is not None:
+                self.calls_in_outage += 1
+                if self.mode == "refuse":
+                    raise ConnectionRefusedError(111, "Connection refused (simulated crashed qdrant)")
+                self._answering.wait()
+            return attr(*args, **kwargs)
+
+        return call
+
+    @property
+    def raw(self):
+        """The store itself, around the switch (for the test's own counts)."""
+        return self.store
+
+
 def _committed(settings, topic: str, group: str) -> int:
     consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
     total = sum(consumer.committed(TopicPartition(topic, p)) or 0 for p in consumer.partitions_for_topic(topic))

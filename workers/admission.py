@@ -1,47 +1,20 @@
-"""Admission control for an online lane: how long a batch may wait for company, and what is refused.
+"""Admission control's estimators for an online lane: compute, latency, deadlines, the window's length.
 
-Transport-free (no Kafka types), driven by an injected clock, so it is unit-tested with a synthetic
-compute-time model. Per online lane (embed: queries and online chunks; rerank; search) one
-``LaneController``:
+Transport-free (no Kafka types), driven by an injected clock, unit-tested with a synthetic compute-time
+model. Per online lane (embed: queries and online chunks; rerank; search) one ``LaneController``:
 
-* **predicts a pass's compute** from the passes it has seen: ``ComputeModel`` fits
-  ms = a + b * tokens by exponentially weighted least squares (recent passes count most, so it follows
-  a host whose speed drifts). Measured on this 2-vCPU host, all-MiniLM-L6-v2 at precision ``fast``,
-  one thread: 5.8 ms for one 14-token query, 11.0 ms for 4, 21.6 for 8, 37 for 16, 138 ms for 808
-  tokens: about 3 ms + 0.16 ms/token, so batching queries saves little compute here and a bulk slice
-  of 1,024 tokens (170 ms) is what hurts a query;
-* **decides how long the oldest queued request may wait** for company: never beyond its remaining
-  deadline budget minus the predicted compute, and only while company is likely (arrivals closer
-  together than the window). The window itself follows the observed p95 (policy ``aimd``: halve when
-  the p95 nears the target, add a step while there is slack) or the target budget (policy
-  ``deadline``: wait while the oldest can still finish inside the target, as Clipper does). Policy
-  ``fixed`` is the old behaviour: ``batch_window_ms`` while traffic is dense;
-* **sheds before compute** (``Deadlines`` and ``LaneController.late``): a deadline already past, or one
-  the request cannot meet given the work queued ahead of it and the predicted compute, is answered at
-  once with ``deadline_exceeded``; no forward pass is spent on it;
-* says when online traffic **is at risk** (p95 near the target), so the scheduler shrinks bulk slices
-  to what still fits beside a query, and bulk consumption may pause (``bulk_paused``).
+* **predicts a pass's compute** (``ComputeModel``: ms = a + b * tokens, exponentially weighted least
+  squares over recent passes, so it follows a host whose speed drifts);
+* **sizes the batching window** (how long the oldest queued request may wait for company): never
+  beyond its remaining deadline budget minus the predicted compute, only while company is likely;
+  policy ``aimd`` steers it by the observed p95, ``deadline`` by the target budget (Clipper), ``fixed``
+  is a constant ``batch_window_ms``;
+* **judges lateness** (``late``): a deadline already past, or one the request cannot meet given the
+  work ahead of it and the predicted compute (``Deadlines``, ``FinishErrors``' learnt margin);
+* says when online traffic **is at risk** (p95 near the target) and how large a bulk pass still fits.
 
-Why some refusals still come at a request's turn, after it queued (``late_at_pass``, 13-25 ms in the worker
-at 200 QPS, against 0.4-3.8 ms for refusals on arrival): on this 2-vCPU host, with the load generator and
-the broker on the same cores, the same ~17-token query pass took 6.5 / 10.5 / 18.9 ms (p10 / p50 / p90).
-A query admitted with 7-8 ms of predicted slack is found late 10-15 ms later, behind a pass that overran.
-It can then be refused (a slow refusal), computed (a late answer), or refused on arrival by a prediction
-pessimistic enough to be rarely wrong (capacity lost). Each alternative was measured with ``bench latency
---policy aimd --rate 100 --rate 200 --no-backlog``, at 200 QPS, back to back with the code as it is
-(issue #16's closing notes):
-
-* Cutting a pass where a later arrival would make an earlier one late: 186 refusals at the turn instead
-  of 358, but passes shrank to one query and the served p95 went from 31.7 to 36.3 ms.
-* Refusing at the turn only within 5 ms of arrival (later: only a deadline already gone), with the
-  arrival margin at the finish errors' median: the served p95 went to 50 ms. With the margin at their
-  90th percentile: 32.4 ms, and 73 QPS served (90-131 by the code as it is, in the same session).
-* Re-judging queued queries on the intake thread until 3-4 ms after arrival, then committing to serve
-  them: 16 refusals at the turn instead of 308 (p95 4.5 ms after arrival; the re-judged ones 6.5 ms), but
-  the served p95 went from 32.5 to 35.6 ms.
-* Refusing the newest young queries of a pass, to keep the older ones in time: the served p95 went from
-  31.9 to 34.6 ms.
-* The worker on a vCPU of its own: no change (327 refusals at the turn).
+Which request runs, waits or is refused, using these, is decided in ``workers/policy.py``; why some
+refusals still come at a request's turn (the alternatives measured) is in the README.
 """
 
 from __future__ import annotations
@@ -421,10 +394,6 @@ class LaneController:
         """The lane's recent p95 is near its target: bulk should yield."""
         p95 = self.latency.p95()
         return p95 is not None and p95 >= self.NEAR * self.config.target_ms
-
-    def slack(self) -> bool:
-        p95 = self.latency.p95()
-        return p95 is None or p95 < self.SLACK * self.config.target_ms
 
     def pass_tokens_beside(self, online_tokens: int) -> int:
         """Most tokens a pass that runs just before an online request may hold and still leave it inside the

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
 from embedstream.engine.tuning import shape_for_lanes
 from embedstream.vectorstore.factory import open_store
 from embedstream.workers.embed_worker import EmbedWorker, WorkerOptions
 from embedstream.workers.metrics import WorkerMetrics
+from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
+from embedstream.workers.search import Searcher
 from embedstream.workers.serve import run_until_signalled
 from embedstream.workers.sink import QdrantSink, SinkConfig
 
-__all__ = ["build_embed_worker", "open_settings_store", "run_until_signalled", "sink_config_from"]
+__all__ = ["build_embed_worker", "build_rerank_worker", "open_settings_store", "run_until_signalled", "sink_config_from"]
 
 
 def open_settings_store(settings: Settings):
@@ -38,3 +42,28 @@ def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | 
     sink.check_existing(settings.qdrant.collection)  # a collection without the sparse vector: refused now
     options = options or WorkerOptions.from_settings(settings, lanes)
     return EmbedWorker(settings, engine, sink, options, WorkerMetrics(model=engine.spec.name))
+
+
+def build_rerank_worker(settings: Settings, model: str, embed_model: str | None = None, store=None,
+                        options: RerankOptions | None = None, engine: Engine | None = None,
+                        search: bool = True, remote_embed: bool = False) -> RerankWorker:
+    """Cross-encoder engine + (optionally) a Searcher over the configured store and query embedder.
+
+    ``remote_embed``: query vectors come from the embed workers over Kafka instead of an in-process
+    embedder (the stages run apart).
+    """
+    engine = engine or Engine.from_name(model, settings)
+    searcher = None
+    if search:
+        store = store if store is not None else open_settings_store(settings)
+        if remote_embed:
+            from embedstream.producers.query_client import QueryClient
+            from embedstream.workers.search import kafka_embedder
+
+            embedder: Any = kafka_embedder(QueryClient(settings.kafka), embed_model)
+        else:
+            embedder = Engine.from_name(embed_model or settings.default_model, settings)
+        searcher = Searcher(store, embedder, engine, settings.qdrant.collection)
+    options = options or RerankOptions.from_settings(settings)
+    return RerankWorker(settings, engine, options, WorkerMetrics(model=engine.spec.name), searcher,
+                        owns_store=searcher is not None)

@@ -1,21 +1,15 @@
 """Batch formation for the embed worker, without Kafka: which queued work runs in the next pass.
 
-The policy, in the spirit of text-embeddings-inference's transport-free queue:
+In the spirit of text-embeddings-inference's transport-free queue:
 * online work is taken first, a FIFO prefix up to the engine's token and sequence budget;
-* bulk work only fills the token budget online work leaves (or runs alone when online is idle);
-* while online traffic is recent (its last record less than ``online_quiet_s`` ago), a bulk-only
-  batch is capped at ``bulk_slice_tokens``, so a query that arrives during a bulk forward pass
-  waits for at most one short slice (a full 8,192-token CPU pass takes seconds);
-* items are taken as a FIFO prefix, so deletes (they cost no tokens) keep their log position
-  relative to the chunks around them and are applied in that order when the batch is written;
-* with an online ``LaneController`` (``admission``), bulk yields to online traffic at risk: a bulk
-  slice shrinks to what the compute model says still fits before a query inside the p95 target
-  (at least ``min_slice_tokens``), bulk tops an online batch up only with the tokens whose marginal
-  cost stays within ``TOP_UP_SHARE`` of the target (on this CPU a 96-token chunk added 12-15 ms to a
-  4 ms query: it never rides along; on a GPU, where a pass's cost is mostly fixed, bulk fills it), and
-  ``bulk_paused`` is raised while the online p95 is over its target even with shrunk slices (the bulk
-  lane pauses its partitions on it; see ``update_pause`` for when it ends). Measured here: a
-  1,024-token bulk slice is a 170 ms pass, a query 6 ms.
+* bulk only fills the token budget online work leaves (or runs alone when online is idle);
+* while online traffic is recent (``online_quiet_s``), a bulk-only pass is capped at
+  ``bulk_slice_tokens``, smaller still while online is at risk (what the compute model says still
+  fits before a query inside its target, at least ``min_slice_tokens``, times the pass's yield points);
+* bulk tops an online pass up only with tokens whose marginal cost stays within ``TOP_UP_SHARE`` of the
+  target, and ``bulk_paused`` is raised while the online p95 is over its target even with shrunk slices
+  (the bulk lane pauses its partitions on it);
+* items are taken as FIFO prefixes, so deletes (no tokens) keep their log position.
 
 Items are anything with a ``tokens`` count; the queues know nothing of consumers or offsets.
 """
@@ -62,6 +56,16 @@ class WorkQueue(Generic[T]):
 
     def lengths(self) -> list[int]:
         return [item.tokens for item in self._items]
+
+    def take_where(self, wanted: Callable[[T], bool], limits: BatchLimits) -> list[T]:
+        """A FIFO prefix, within ``limits``, of the items ``wanted`` picks (at least one when any); the others
+        keep their places (e.g. the queries of an online queue, while its chunks wait for the sink)."""
+        picked = [item for item in self._items if wanted(item)]
+        count = take_prefix([item.tokens for item in picked], limits) or min(1, len(picked))
+        chosen = {id(item) for item in picked[:count]}
+        if chosen:
+            self.keep(lambda item: id(item) not in chosen)
+        return picked[:count]
 
     @property
     def oldest(self) -> T | None:

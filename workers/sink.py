@@ -121,9 +121,6 @@ class QdrantSink:
         """Create ``name`` (a collection or an alias's target) with this model's vectors if missing."""
         return self._collection(name)
 
-    def to_point(self, item: EmbeddedChunk) -> Point:
-        return self.to_points([item])[0]
-
     def to_points(self, items: list[EmbeddedChunk]) -> list[Point]:
         """Points for a batch: the storage forms computed once on the stacked [N, D] matrix (the same
         functions, row-wise, that :func:`embedstream.vectors.named_vectors` applies to one vector), each

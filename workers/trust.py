@@ -36,7 +36,7 @@ __all__ = [
     "TrustError",
     "TrustPolicy",
     "TrustSettings",
-    "admit",
+    "check_trust",
     "collection_refusal",
     "content_hash",
     "reply_to_refusal",
@@ -142,7 +142,7 @@ def reply_to_refusal(topic: str, policy: TrustPolicy) -> str | None:
             "with it or a configured prefix (EMBEDSTREAM_TRUST__REPLY_TOPIC_PREFIXES)")
 
 
-def admit(event: Any, policy: TrustPolicy) -> Any:
+def check_trust(event: Any, policy: TrustPolicy) -> Any:
     """The event as the worker may act on it, or TrustError: one call right after decoding.
 
     Chunks come back with the worker's own content hash; ``reply_to`` is checked before the

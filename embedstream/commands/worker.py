@@ -71,7 +71,7 @@ def worker_rerank(
                                       help="Embed search queries through the embed workers over Kafka instead of in-process"),
 ) -> None:
     """Consume rerank and search requests, score candidates in packed cross-encoder passes, reply; runs until SIGTERM."""
-    from embedstream.workers.rerank_worker import build_rerank_worker
+    from embedstream.workers.runtime import build_rerank_worker
     from embedstream.workers.serve import run_until_signalled
 
     settings = Settings()

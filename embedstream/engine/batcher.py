@@ -1,9 +1,10 @@
 """The token-budget batcher: packs sequences by tokens, not by count.
 
 A batch holds at most ``max_batch_tokens`` real tokens and ``max_batch_requests`` sequences.
-Online work is packed in arrival order (fairness, latency); bulk work is sorted by length first so
-that batches group similar lengths (fewer distinct attention shapes, better cache use). Nothing is
-ever padded: the runner consumes the packed layout directly.
+The workers take FIFO prefixes of their queues (``take_prefix``: log order kept, deletes in place);
+``pack`` groups a whole list at once, in order or (``Engine.embed``/``score`` by default) longest
+first, so that batches span a narrow band of lengths. Nothing is ever padded: the runner consumes the
+packed layout directly.
 """
 
 from __future__ import annotations

@@ -152,7 +152,6 @@ class ModelRunner:
         left = self.spec.pooling == "last_token"
         encoder = PaddedHFEncoder(base, config, config.pad_token_id, left_padding=left)
         self.head_reads = "all"  # an unknown architecture's head may read any token
-        self.fallback_reason = "; ".join(reasons)
         return encoder, f"hf-padded/{self.device.type}/{self._precision_label()}"
 
     def _tuned(self, base, config, backend: str, floor: tuning.QualityFloor, shape: str):

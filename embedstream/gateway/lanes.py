@@ -1,6 +1,6 @@
 """Async request-reply over the online topics, for the event loop of the HTTP server.
 
-kafka-python is synchronous: the replies arrive on the ``QueryClient``'s one reply reader thread,
+The ``QueryClient`` is synchronous (librdkafka): the replies arrive on its one reply reader thread,
 whose concurrent futures are awaited here as asyncio futures (no consumer per request). Sending is
 done on the event loop itself: ``send`` only appends to the producer's buffer and wakes its IO
 thread once the topic's metadata is known, which ``connect`` loads before serving

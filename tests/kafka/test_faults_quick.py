@@ -52,7 +52,7 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
     try:
         _queue_everything(worker, len(events))
         while batch := worker.next_batch():
-            worker.process(batch)  # written to the store, not committed yet
+            _compute_and_write(worker, batch)  # written to the store, not committed yet
         assert store.count(settings.qdrant.collection) == len(events) and progress.committed() == 0
         other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
         _second_member_takes_a_partition(worker, other, topic)
@@ -62,6 +62,12 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
             other.close()
         progress.close()
         worker.close()
+
+
+def _compute_and_write(worker, batch) -> None:
+    """The model and output stages' work for one batch, on this thread (the steps driven by hand)."""
+    for job in worker.compute(batch):
+        worker.output.write(job)
 
 
 def _queue_everything(worker, count: int) -> None:
@@ -111,7 +117,7 @@ def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(k
         while (not store.collection_exists("docs") or store.count("docs") < len(events)) and time.monotonic() < end:
             worker.intake("bulk", 200)
             while batch := worker.next_batch():
-                worker.process(batch)
+                _compute_and_write(worker, batch)
         assert store.count("docs") == len(events)
         assert {p.id for p in store.scroll("docs")} == {point_id(e.doc_id, e.chunk_id) for e in events}
     finally:

@@ -358,7 +358,7 @@ def test_a_slow_sink_holds_intake_back_through_the_bounded_queues(kafka_bootstra
     _send(settings, topic, [encode(e) for e in events])
     store = SlowStore(memory_store(), delay_s=0.5)
     running = RunningWorker(settings, make_engine(tiny_bert_dir), store, lanes=("bulk",))  # forward nearly free
-    from embedstream.workers.embed_worker import OUTPUT_QUEUE_BATCHES
+    from embedstream.workers.output_stage import OUTPUT_QUEUE_BATCHES
 
     samples: list[tuple[bool, int, int]] = []
     with running as worker:
@@ -366,7 +366,7 @@ def test_a_slow_sink_holds_intake_back_through_the_bounded_queues(kafka_bootstra
         count = lambda: store.count("docs") if store.collection_exists("docs") else 0  # noqa: E731
         end = time.monotonic() + 180
         while count() < len(events) and time.monotonic() < end:
-            samples.append((lane.paused, lane.queue.tokens, worker.to_output.qsize()))
+            samples.append((lane.paused, lane.queue.tokens, worker.output.queue.qsize()))
             time.sleep(0.02)
         assert count() == len(events)
         wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(events), 60, "offsets committed")

@@ -105,7 +105,7 @@ def built_workers(monkeypatch):
     """Run the worker commands up to the point where a worker would start; record what they were built from."""
     from types import SimpleNamespace
 
-    from embedstream.workers import rerank_worker, runtime, serve, vector_search
+    from embedstream.workers import runtime, serve, vector_search
 
     built: list[dict] = []
 
@@ -116,7 +116,7 @@ def built_workers(monkeypatch):
 
     monkeypatch.setattr(runtime, "build_embed_worker", embed_worker)
     monkeypatch.setattr(vector_search, "VectorSearchWorker", lambda *args: built.append({"search": args}))
-    monkeypatch.setattr(rerank_worker, "build_rerank_worker",
+    monkeypatch.setattr(runtime, "build_rerank_worker",
                         lambda settings, model, embed_model=None, **kw: built.append({"settings": settings, **kw}))
     monkeypatch.setattr(serve, "run_until_signalled", lambda worker, metrics_port, **kw: None)
     return built

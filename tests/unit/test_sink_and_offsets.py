@@ -50,7 +50,7 @@ def test_uint8_storage_and_matryoshka_named_vectors(tiny_bert_dir):
     store = open_store(":memory:", None, None)
     sink = QdrantSink(store, engine.spec, 32, "docs", SinkConfig("uint8", "none", (16,)))
     item = _chunks(1, 32)[0]
-    point = sink.to_point(item)
+    point = sink.to_points([item])[0]
     assert set(point.vectors) == {"full", "mrl_16"}
     full = np.array(point.vectors["full"])
     assert full.min() >= 1 and full.max() <= 255
@@ -111,7 +111,7 @@ def test_the_sink_hashes_the_text_itself_and_ignores_the_producers_hash(minilm_e
 
     lying = ChunkEvent(doc_id="d", chunk_id=0, text="brand new text", content_hash=stored, metadata={})
     assert sink.unchanged([lying]) == [False]
-    assert sink.to_point(EmbeddedChunk(lying, _unit(384, 1), {})).payload["content_hash"] == \
+    assert sink.to_points([EmbeddedChunk(lying, _unit(384, 1), {})])[0].payload["content_hash"] == \
         hashlib.sha256(b"brand new text").hexdigest()
     same = ChunkEvent(doc_id="d", chunk_id=0, text="the old text", content_hash="0" * 64, metadata={})
     assert sink.unchanged([same]) == [True]

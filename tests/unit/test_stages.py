@@ -23,29 +23,38 @@ def test_a_push_wakes_the_model_stage_and_a_take_wakes_intake():
     queue = SyncQueue(cond)
     woke: list[str] = []
 
+    woken_at: list[float] = []
+    patience_s = 30.0  # woken by the push, not by the end of this wait (which would also find the item)
+
     def model_waits_for_work() -> None:
         with cond:
-            if cond.wait_for(lambda: len(queue) > 0, 10):
+            if cond.wait_for(lambda: len(queue) > 0, patience_s):
                 woke.append("model")
+                woken_at.append(time.monotonic())
 
     waiter = threading.Thread(target=model_waits_for_work)
     waiter.start()
     time.sleep(0.05)
+    pushed_at = time.monotonic()
     queue.push_many([Item("a", 3), Item("b", 4)])
-    waiter.join(10)
+    waiter.join(patience_s * 2)
     assert woke == ["model"] and queue.tokens == 7 and queue.pushed == 2
+    assert woken_at[0] - pushed_at < patience_s / 2
 
     def intake_waits_for_room() -> None:
         with cond:
-            if cond.wait_for(lambda: queue.tokens < 5, 10):
+            if cond.wait_for(lambda: queue.tokens < 5, patience_s):
                 woke.append("intake")
+                woken_at.append(time.monotonic())
 
     waiter = threading.Thread(target=intake_waits_for_room)
     waiter.start()
     time.sleep(0.05)
+    taken_at = time.monotonic()
     assert [i.name for i in queue.take(1)] == ["a"]
-    waiter.join(10)
+    waiter.join(patience_s * 2)
     assert woke == ["model", "intake"] and queue.tokens == 4
+    assert woken_at[1] - taken_at < patience_s / 2
 
 
 def test_dropping_revoked_work_while_another_thread_pushes_keeps_the_count_right():

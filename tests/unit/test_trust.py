@@ -12,7 +12,7 @@ from embedstream.workers.trust import (
     TrustError,
     TrustPolicy,
     TrustSettings,
-    admit,
+    check_trust,
     collection_refusal,
     content_hash,
     reply_to_refusal,
@@ -91,30 +91,30 @@ def test_policy_from_settings_defaults_to_the_configured_names():
 
 def test_admit_checks_reply_to_before_the_collection_and_hashes_chunks():
     stale = ChunkEvent(doc_id="d", chunk_id=0, text="new", content_hash=content_hash("old"))
-    assert admit(stale, POLICY).content_hash == content_hash("new")
+    assert check_trust(stale, POLICY).content_hash == content_hash("new")
     with pytest.raises(TrustError) as err:
-        admit(ChunkEvent(doc_id="d", chunk_id=0, text="t", collection="attacker-made-1"), POLICY)
+        check_trust(ChunkEvent(doc_id="d", chunk_id=0, text="t", collection="attacker-made-1"), POLICY)
     assert err.value.code == "collection_not_allowed"
     with pytest.raises(TrustError) as err:
-        admit(DocumentDelete(doc_id="d", collection="attacker-made-1"), POLICY)
+        check_trust(DocumentDelete(doc_id="d", collection="attacker-made-1"), POLICY)
     assert err.value.code == "collection_not_allowed"
 
     search = SearchRequest(request_id="s", query="q", collection="attacker-made-1", reply_to="__consumer_offsets")
     with pytest.raises(TrustError) as err:
-        admit(search, POLICY)
+        check_trust(search, POLICY)
     assert err.value.code == "reply_to_not_allowed" and not err.value.may_reply  # never answer there
     with pytest.raises(TrustError) as err:
-        admit(search.model_copy(update={"reply_to": "embedstream.replies"}), POLICY)
+        check_trust(search.model_copy(update={"reply_to": "embedstream.replies"}), POLICY)
     assert err.value.code == "collection_not_allowed" and err.value.may_reply  # the reply topic is safe
 
     for request in (QueryRequest(request_id="q", text="t", reply_to="attacker-made-1"),
                     RerankRequest(request_id="r", query="q", reply_to="attacker-made-1")):
         with pytest.raises(TrustError) as err:
-            admit(request, POLICY)
+            check_trust(request, POLICY)
         assert err.value.code == "reply_to_not_allowed" and "attacker-made-1" in err.value.message
     fine = QueryRequest(request_id="q", text="t", reply_to="embedstream.replies")
-    assert admit(fine, POLICY) is fine
-    assert admit(DocumentDelete(doc_id="d"), POLICY).doc_id == "d"
+    assert check_trust(fine, POLICY) is fine
+    assert check_trust(DocumentDelete(doc_id="d"), POLICY).doc_id == "d"
 
 
 def test_trust_error_is_a_coded_error_for_dead_letters():

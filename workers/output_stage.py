@@ -1,0 +1,164 @@
+"""The embed worker's output stage: computed batches are written to the sink in log order, then finished.
+
+Its bounded queue is the model stage's one hand-off: a slow sink fills it and holds back writes, never
+replies (a batch that writes nothing is never queued, ``write_jobs``). Deletes apply between runs of
+upserts exactly in log order; a write is retried by failure kind (``WorkerLoop.write_with_retry``); a
+record is finished only after its write, or dead-lettered when the sink refuses it for good.
+``docs_in_flight`` (documents handed on, not yet written) lets the unchanged-chunk lookup wait for a
+redelivery's first write; ``writing`` lets a revocation wait for the write of its partitions.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from embedstream.schemas import DocumentDelete, ErrorInfo
+from embedstream.workers.loop import ABANDONED
+from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.policy import BULK
+from embedstream.workers.sink import EmbeddedChunk
+
+OUTPUT_QUEUE_BATCHES = 2  # computed batches waiting (more only hold vectors in memory while the sink is slow)
+REVOKE_WAIT_S = 2.0  # a revocation waits this long for an in-flight write of those partitions to finish
+_WAIT_S = 0.05  # longest the stage waits for a batch before it looks at stop and health again
+
+
+@dataclass
+class WriteJob:
+    """A computed batch on its way to the output stage: every item, in log order, and the chunks' vectors."""
+
+    items: list  # WorkItem
+    vectors: dict[int, object]  # id(item) -> vector, for the chunks that were embedded
+
+    @property
+    def doc_keys(self) -> list[tuple]:
+        """The documents this job writes (counted in and out of ``docs_in_flight``)."""
+        return [key for key in (item.doc_key for item in self.items) if key is not None]
+
+
+def write_jobs(batch: list, vectors: dict[int, object]) -> list[WriteJob]:
+    """What of a computed batch goes to the output stage: nothing when it writes nothing (queries answered,
+    chunks found unchanged), so reply-only work never waits for room there."""
+    writes = vectors or any(isinstance(item.event, DocumentDelete) for item in batch)
+    return [WriteJob(batch, vectors)] if writes else []
+
+
+class OutputStage:
+    """The output stage of an ``EmbedWorker`` (its sink, lanes, metrics, retries and turn policy)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.queue: queue.Queue[WriteJob] = queue.Queue(maxsize=OUTPUT_QUEUE_BATCHES)
+        self.writes = threading.Condition()  # in-flight write state, for revocations and unchanged-chunk lookups
+        self.writing: set[tuple[str, int]] = set()  # partitions of the write being made now
+        self.docs_in_flight: Counter = Counter()  # (collection, doc_id) handed on, not yet written
+
+    # -- the model stage's side ------------------------------------------------------------------
+    def reserve(self, job: WriteJob) -> None:
+        """The job's documents count as in flight from now (before it finds room in the queue)."""
+        with self.writes:
+            self.docs_in_flight.update(job.doc_keys)
+
+    def offer(self, job: WriteJob) -> bool:
+        """Queue the job if there is room now."""
+        try:
+            self.queue.put_nowait(job)
+            return True
+        except queue.Full:
+            return False
+
+    def docs_writing(self) -> set[tuple]:
+        with self.writes:
+            return set(self.docs_in_flight)
+
+    # -- the stage -------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Write the next computed batch (busy), or wait for one (idle)."""
+        waited = time.perf_counter()
+        try:
+            job = self.queue.get(timeout=_WAIT_S)
+        except queue.Empty:
+            self.worker.metrics.stage_idle.labels(stage="output").inc(time.perf_counter() - waited)
+            return
+        held = self.worker.turns.step_aside() if job.items[0].lane == BULK else 0.0  # a query's pass and reply go first
+        self.worker.metrics.stage_blocked.labels(stage="output").inc(held)
+        started = time.perf_counter()
+        self.worker.metrics.stage_idle.labels(stage="output").inc(started - waited - held)
+        try:
+            self.write(job)
+        finally:
+            keys = job.doc_keys
+            with self.writes:
+                self.docs_in_flight.subtract(keys)
+                for key in keys:
+                    if self.docs_in_flight[key] <= 0:
+                        del self.docs_in_flight[key]
+                self.writes.notify_all()
+            self.worker.metrics.stage_busy.labels(stage="output").inc(time.perf_counter() - started)
+        self.worker.progressed()
+
+    def write(self, job: WriteJob) -> None:
+        """Upsert runs of embedded chunks and apply deletes between them, exactly in log order."""
+        run: list[WorkItem] = []
+        for item in job.items:
+            if OffsetTracker.revoked(item.handle):
+                continue  # its partition moved: the new owner writes it
+            if isinstance(item.event, DocumentDelete):
+                if run:
+                    self._upsert(run, job.vectors)
+                    run = []
+                reason = self._sink_write(lambda event=item.event: self.worker.sink.delete(event), "sink delete", [item])
+                self._settle(item, reason)
+            elif id(item) in job.vectors:
+                run.append(item)
+        if run:
+            self._upsert(run, job.vectors)
+
+    def _sink_write(self, write, what: str, items: list[WorkItem], limit_s: float | None = None) -> ErrorInfo | None:
+        """One sink write, retried by failure kind; a revocation of the partitions waits for it (``writing``)."""
+        partitions = {(item.topic, item.partition) for item in items}
+        with self.writes:
+            self.writing = partitions
+        try:
+            return self.worker.write_with_retry(write, what, self.worker.metrics.sink_failures.inc, limit_s,
+                                         abandoned=lambda: all(OffsetTracker.revoked(i.handle) for i in items))
+        finally:
+            with self.writes:
+                self.writing = set()
+                self.writes.notify_all()
+
+    def finish_writes_of(self, partitions: set[tuple[str, int]]) -> None:
+        """On revocation: let a write of those partitions in progress finish (bounded), so it is committed
+        now rather than landing after the new owner's writes."""
+        with self.writes:
+            self.writes.wait_for(lambda: not (self.writing & partitions), REVOKE_WAIT_S)
+
+    def _upsert(self, run: list[WorkItem], vectors: dict[int, object], limit_s: float | None = None) -> None:
+        """One upsert for the run; when the sink rejects it, each chunk alone finds the ones at fault."""
+        embedded = [EmbeddedChunk(i.event, vectors[id(i)], {"topic": i.topic, "partition": i.partition,
+                                                            "offset": i.offset}) for i in run]
+        upsert_start = time.perf_counter()
+        reason = self._sink_write(lambda: self.worker.sink.upsert(embedded), "sink upsert", run, limit_s)
+        if reason is not None and reason is not ABANDONED and len(run) > 1:
+            for item in run:  # the failure already outlasted its bound: singles are not waited for again
+                self._upsert([item], vectors, limit_s=0.0)
+            return
+        self.worker.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - upsert_start) * 1000)
+        for item in run:
+            self._settle(item, reason)
+        if reason is None:
+            self.worker.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(len(run))
+
+    def _settle(self, item: WorkItem, reason: ErrorInfo | None) -> None:
+        """Written: finished. Refused by the sink for good: dead-lettered with the reason. Revoked: nothing
+        (the partition's new owner has the record again)."""
+        if OffsetTracker.revoked(item.handle):
+            return
+        if reason is None:
+            OffsetTracker.done(item.handle)
+        else:
+            self.worker.lanes[item.lane].dead_letter(item.record, reason, item.handle)
