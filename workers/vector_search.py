@@ -26,7 +26,7 @@ from embedstream.schemas.rerank import SearchRequest
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.search import Searcher, SearchError, kafka_embedder
-from embedstream.workers.trust import TrustError, TrustPolicy, admit
+from embedstream.workers.trust import TrustError, TrustPolicy, check_trust
 
 log = logs.get("embedstream.worker")
 
@@ -84,7 +84,7 @@ class VectorSearchWorker(WorkerLoop):
             handle = self.lane.track(record)
             try:
                 request = decode(record.value, SearchRequest, self.kafka.max_record_bytes)
-                admit(request, self.policy)
+                check_trust(request, self.policy)
             except DecodeError as err:
                 self.lane.dead_letter(record, err.to_error_info(), handle)
                 continue
