@@ -90,6 +90,15 @@ def test_the_http_gateway_quick_start(fresh, order):
         status, body = http_status(f"http://127.0.0.1:{GATEWAY}/v1/embeddings", json.dumps(
             {"model": "all-MiniLM-L6-v2", "input": ["how do I read a file?", "sorting a list"]}).encode())
         assert status == 200 and len(json.loads(body)["data"]) == 2, body
+        run(["produce", str(_docs(tmp)), "--lane", "online"], env)  # /search: the embed worker answers, no reranker
+
+        def searched() -> list[str]:
+            status, body = http_status(f"http://127.0.0.1:{GATEWAY}/search",
+                                       json.dumps({"query": "sort tuples by the second item", "top_n": 2}).encode())
+            return [hit["doc_id"] for hit in json.loads(body)["hits"]] if status == 200 else []
+
+        wait_until(lambda: bool(searched()), 120, "the gateway's /search", (worker, gateway))
+        assert searched()[0] == "sorting.txt"
 
 
 @pytest.mark.timeout(600)
