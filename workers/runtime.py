@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
 from embedstream.engine.tuning import shape_for_lanes
@@ -16,6 +17,8 @@ from embedstream.workers.serve import run_until_signalled
 from embedstream.workers.sink import QdrantSink, SinkConfig
 
 __all__ = ["build_embed_worker", "build_rerank_worker", "open_settings_store", "run_until_signalled", "sink_config_from"]
+
+log = logs.get("embedstream.worker")
 
 
 def open_settings_store(settings: Settings):
@@ -40,6 +43,8 @@ def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | 
     store = store if store is not None else open_settings_store(settings)
     sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config_from(settings))
     sink.check_existing(settings.qdrant.collection)  # a collection without the sparse vector: refused now
+    if engine.sparse is not None:
+        log.info("sparse vectors written beside the dense ones", encoder=engine.sparse.describe())
     options = options or WorkerOptions.from_settings(settings, lanes)
     return EmbedWorker(settings, engine, sink, options, WorkerMetrics(model=engine.spec.name))
 
