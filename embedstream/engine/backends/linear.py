@@ -114,17 +114,19 @@ class Int8Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         weight = weight.detach().float().cpu()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
+        # Without VNNI, u8 x s8 pairs are summed in 16 bits (vpmaddubsw): 8-bit activations against 7-bit
+        # weights (+-63) cannot saturate it. Measured on a tiny Qwen3 (min cos to float32 over 40 texts):
+        # 7-bit weights 0.985, 7-bit activations (fbgemm's reduce_range) 0.965, both 8-bit (saturating) 0.922.
+        levels = 127.0 if cpu_has_vnni() else 63.0
+        scales = (weight.abs().amax(dim=1) / levels).clamp(min=1e-12).double()
         zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # quantized tensors are "deprecated" but still the fbgemm entry point
             warnings.simplefilter("ignore")
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
             self.packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
-        # Without VNNI, u8 x s8 pairs are summed in 16 bits: 7-bit activations keep that from saturating.
-        self.reduce_range = not cpu_has_vnni()
 
     def __call__(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, self.reduce_range)
+        y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, False)
         return ACTIVATIONS[activation][2](y) if activation else y
 
     def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
