@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,6 @@ class CdcRig:
                           f"WHERE slot_name = '{slot}'")
                 return
             except psycopg.errors.ObjectInUse:  # the task is still stopping
-                import time
-
                 time.sleep(0.2)
 
 
