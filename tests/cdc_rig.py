@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +54,10 @@ class CdcRig:
     tables: list = field(default_factory=list)
 
     def table(self, ddl: str, *, flatten: bool = False, schemas: bool = False, extra: dict | None = None,
-              before_connector: list[str] = ()) -> CdcTable:
+              before_connector: list[str] = (), include: list[str] = ()) -> CdcTable:
         """Create a table (``ddl`` with ``{t}`` for its name), run ``before_connector`` statements (the
         snapshot sees them), then register a connector for it (``extra`` settings: ``{topic}`` stands for
-        its change topic); returns once the connector runs."""
+        its change topic; ``include``: more tables it captures); returns once the connector runs."""
         suffix = uuid.uuid4().hex[:8]
         handle = CdcTable(self, f"t_{suffix}", f"cdc_{suffix}", "")
         handle.sql(ddl)
@@ -66,6 +67,8 @@ class CdcRig:
                                                 schemas=schemas)
         handle.topic = connect.topic_for(handle.config)
         handle.config |= {k: v.replace("{topic}", handle.topic) for k, v in (extra or {}).items()}
+        if include:  # more tables for the same connector (e.g. its signal table)
+            handle.config["table.include.list"] = ",".join([handle.config["table.include.list"], *include])
         connect.register(self.connect, handle.connector, handle.config)
         self.tables.append(handle)
         return handle
@@ -82,8 +85,6 @@ class CdcRig:
                           f"WHERE slot_name = '{slot}'")
                 return
             except psycopg.errors.ObjectInUse:  # the task is still stopping
-                import time
-
                 time.sleep(0.2)
 
 

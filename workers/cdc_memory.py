@@ -42,11 +42,14 @@ class DocumentMemory:
             self._tail.seek_to_beginning()
         tps = list(self._tail.assignment())
         ends = self._tail.end_offsets(tps)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s  # a long log takes as long as it takes; a stalled read does not
         while any(self._tail.position(tp) < ends[tp] for tp in tps):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"reading the documents log {self.topic} to its end took over {timeout_s:.0f} s")
-            for records in self._tail.poll(timeout_ms=200).values():
+                raise TimeoutError(f"reading the documents log {self.topic}: nothing for {timeout_s:.0f} s")
+            polled = self._tail.poll(timeout_ms=200)
+            if polled:
+                deadline = time.monotonic() + timeout_s
+            for records in polled.values():
                 for r in records:
                     doc_id = r.key.decode("utf-8", "replace") if r.key is not None else None
                     if doc_id is None:

@@ -102,7 +102,7 @@ def worker_properties(bootstrap: str, rest_port: int, root: Path) -> str:
         "value.converter.schemas.enable": "false",
         "offset.storage.file.filename": str(root / "offsets.dat"),
         "offset.flush.interval.ms": "1000",
-        "plugin.discovery": "only_scan",
+        "plugin.discovery": "service_load",  # the jars ship ServiceLoader manifests: no class scan at start
         "producer.linger.ms": "5",
     }
     return "# Written by embedstream.devcdc on every start.\n" + "".join(f"{k}={v}\n" for k, v in props.items())

@@ -112,3 +112,31 @@ def test_a_truncate_through_the_real_connector_is_dead_lettered(kafka_bootstrap,
         (letter,) = read_dead_letters(rig.settings, 1)
     assert {doc for doc, _, _, _ in final.values()} == {"1", "2"}  # the truncate changed nothing
     assert letter.error.code == "truncate_refused" and table.name in letter.error.message
+
+
+@pytest.mark.timeout(300)
+def test_an_incremental_snapshot_fills_the_index(kafka_bootstrap, cdc_rig, cdc_table, minilm_engine, chunker):
+    """A connector started without an initial snapshot, then asked for an incremental one through its signal
+    table: the rows arrive as reads (source.snapshot "incremental"), interleaved with live changes."""
+    signals = f"signals_{id(chunker) % 100000}"
+    table = cdc_table(DDL, before_connector=[
+        *(f"INSERT INTO {{t}} VALUES ({i}, 'Guide {i}', '{_para(i, 'csv')}', 'draft', {i}, NULL)" for i in (1, 2, 3)),
+        f"CREATE TABLE IF NOT EXISTS {signals} (id varchar(42) PRIMARY KEY, type varchar(32), data text)"],
+        extra={"snapshot.mode": "no_data", "signal.enabled.channels": "source",
+               "signal.data.collection": f"public.{signals}",
+               "incremental.snapshot.chunk.size": "2"}, include=[f"public.{signals}"])
+    rig = Rig(kafka_bootstrap, minilm_engine, "incr", CONFIG, chunker, topic=table.topic, partitions=1,
+              meta_keys=("status",))
+
+    def expected():
+        rows = {str(r["id"]): r for r in table.rows()}
+        return expected_state(rows, chunker, ("title", "body"), lambda r: {"status": r["status"]})
+
+    with rig:
+        table.sql(f"INSERT INTO {{t}} VALUES (4, 'Guide 4', '{_para(4, 'json')}', 'draft', 4, NULL)")  # live
+        table.sql(f"INSERT INTO {signals} VALUES ('snap-{table.name}', 'execute-snapshot', "
+                  f"'{{\"data-collections\": [\"public.{table.name}\"], \"type\": \"incremental\"}}')")
+        table.sql("UPDATE {t} SET status = 'published' WHERE id = 2")
+        final = rig.reaches(expected())
+    assert final == expected() and {doc for doc, _, _, _ in final.values()} == {"1", "2", "3", "4"}
+    assert not read_dead_letters(rig.settings, 1, timeout_s=2)
