@@ -106,6 +106,14 @@ class KafkaSettings(BaseModel):
     group_bulk: str = "embedstream-embed-bulk"
     group_rerank: str = "embedstream-rerank"
     group_cdc: str = Field(default="embedstream-cdc", description="Consumer group of the CDC bridge (Debezium topics)")
+    group_search: str = Field(default="embedstream-search",
+                              description="Consumer group of the embed workers' vector search (search requests without rerank)")
+    create_topics: bool = Field(
+        default=True,
+        description="Workers create the project's topics they consume when missing (partition defaults of "
+                    "producers/topics.py); refused by the broker or false: they serve the topics that exist and "
+                    "pick up the others when they appear",
+    )
     fetch_max_wait_ms: int = Field(default=10, description="Short fetch wait: request-reply needs it")
     online_client: Literal["librdkafka", "kafka-python"] = Field(
         default="librdkafka",

@@ -35,13 +35,8 @@ QUERIES = [
 def run_demo(doc_count: int = 150, port: int = 9092) -> None:
     console = logs.console()
     console.print(f"[bold]1.[/bold] starting Apache Kafka (KRaft) on 127.0.0.1:{port} ...")
-    started_here = not devkafka.status(port=port).get("answering")
-    info = devkafka.start(port=port)
-    try:  # a broker this run started is stopped however the run ends
+    with devkafka.borrowed(port=port) as info:  # a broker this run started is stopped however the run ends
         _run(console, info.bootstrap, doc_count)
-    finally:
-        if started_here:
-            devkafka.stop(port=port)
 
 
 def _run(console: Console, bootstrap: str, doc_count: int) -> None:

@@ -8,6 +8,7 @@ and renderer, so a worker's stderr is one stream of one format, with credentials
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
@@ -18,10 +19,50 @@ _SECRET_KEYS = ("password", "api_key", "apikey", "secret", "credential", "auth_t
 #: metadata refresh and version probe): shown from WARNING, unless the configured level is DEBUG.
 _CHATTY_LIBRARIES = ("kafka", "httpx", "httpcore")
 
+#: Library records that are not the user's business, by logger and message start: demoted to DEBUG (kept
+#: when the level is DEBUG, gone otherwise). kafka-python warns on every consumer made without a group
+#: (the topic probes, the lag monitor) and when its IO loop waited for the GIL; torch on importing its flop
+#: counter without triton (CPU hosts).
+_DEMOTED = {
+    "kafka.coordinator.consumer": ("group_id is None",),
+    "torch.utils.flop_counter": ("triton not found",),
+    "kafka.net.selector": ("Task ",),  # "... ran for 0.694s (>0.100s threshold)": its IO loop on a busy host
+}
+
 #: Extras libraries attach for their own formatters (uvicorn's ANSI-coloured copy of the message).
 _FOREIGN_NOISE = ("color_message",)
 
 _handler: logging.Handler | None = None  # ours on the root logger, replaced on every configure()
+_threshold = logging.INFO  # the configured level (the demotion filter drops what falls below it)
+
+
+class _Demote(logging.Filter):
+    """Library records in ``_DEMOTED`` become DEBUG records: shown only when the level is DEBUG."""
+
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and str(record.msg).startswith(self.starts):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return _threshold <= logging.DEBUG
+        return True
+
+
+def _quiet_libraries() -> None:
+    """Demote ``_DEMOTED``; no progress bars from transformers and huggingface_hub (loading a model's weights
+    takes well under a second: a bar there is noise; the bars the user waits for are ours)."""
+    for name, starts in _DEMOTED.items():
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, _Demote)]:
+            logger.removeFilter(old)
+        logger.addFilter(_Demote(starts))
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when they are imported
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 def _redact(_, __, event_dict: dict) -> dict:
@@ -80,9 +121,9 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
     """Set up structlog and route the standard library's records through the same renderer.
 
     Idempotent: a second call replaces the first one's handler (commands and tests call it again)."""
-    global _handler
+    global _handler, _threshold
     json = (not sys.stderr.isatty()) if json is None else json
-    threshold = getattr(logging, level.upper(), logging.INFO)
+    threshold = _threshold = getattr(logging, level.upper(), logging.INFO)
     structlog.configure(
         processors=[*_common_processors(), structlog.stdlib.add_logger_name, _redact, *_renderers(json)],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
@@ -104,6 +145,7 @@ def configure(json: bool | None = None, level: str = "INFO") -> None:
     chatty = threshold if threshold <= logging.DEBUG else max(threshold, logging.WARNING)
     for name in _CHATTY_LIBRARIES:
         logging.getLogger(name).setLevel(chatty)
+    _quiet_libraries()
 
 
 def get(name: str):

@@ -127,13 +127,18 @@ class QueryClient:
                     f"(create it, e.g. with embedstream.producers.topics.ensure_topics)"
                 )
             assigned = []
+            deadline = time.monotonic() + timeout_s
             for partition in ids:
-                try:
-                    _low, high = consumer.get_watermark_offsets(TopicPartition(self.reply_topic, partition),
-                                                                timeout=timeout_s)
-                except KafkaException as exc:
-                    raise RuntimeError(f"could not resolve the end offset of {self.reply_topic}[{partition}] "
-                                       f"within {timeout_s:g} s: {exc}") from None
+                while True:  # a topic created a moment ago answers "not leader" until its leaders are known
+                    try:
+                        _low, high = consumer.get_watermark_offsets(TopicPartition(self.reply_topic, partition),
+                                                                    timeout=timeout_s)
+                        break
+                    except KafkaException as exc:
+                        if not (exc.args and exc.args[0].retriable()) or time.monotonic() >= deadline:
+                            raise RuntimeError(f"could not resolve the end offset of {self.reply_topic}[{partition}] "
+                                               f"within {timeout_s:g} s: {exc}") from None
+                        time.sleep(0.1)
                 assigned.append(TopicPartition(self.reply_topic, partition, high))
             consumer.assign(assigned)
         except BaseException:

@@ -18,8 +18,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 def serve(port: int, registry: CollectorRegistry, alive: Callable[[], bool],
           checks: dict[str, Callable[[], bool]], host: str = "127.0.0.1",
-          stalled: Callable[[], str | None] = lambda: None) -> ThreadingHTTPServer:
-    """Start the endpoints in a daemon thread; returns the server (``shutdown()`` to stop)."""
+          stalled: Callable[[], str | None] = lambda: None,
+          details: Callable[[], dict] = dict) -> ThreadingHTTPServer:
+    """Start the endpoints in a daemon thread; returns the server (``shutdown()`` to stop).
+
+    ``details`` adds what /readyz should say besides the checks (the topics a lane waits for)."""
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
@@ -44,7 +47,11 @@ def serve(port: int, registry: CollectorRegistry, alive: Callable[[], bool],
                     except Exception:  # noqa: BLE001 - a failing probe means "not ready"
                         results[name] = False
                 ok = all(results.values())
-                self._send(200 if ok else 503, json.dumps({"ready": ok, "checks": results}).encode())
+                try:
+                    extra = details()
+                except Exception:  # noqa: BLE001 - the checks already say what matters
+                    extra = {}
+                self._send(200 if ok else 503, json.dumps({"ready": ok, "checks": results, **extra}).encode())
             else:
                 self._send(404, b'{"error": "not found"}')
 

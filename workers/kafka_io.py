@@ -156,7 +156,7 @@ def coordinator_unknown(consumer) -> bool:
 
 
 def subscribe(consumer, topics: list[str], listener) -> None:
-    """Subscribe (every topic exists: ``Lane.poll`` waits), then load the topics' metadata before the first join.
+    """Subscribe (to topics that exist: ``Lane.follow_topics``), then load the topics' metadata before the first join.
 
     Joined without it, the group starts with no partitions and kafka-python 3.0.12 can then stall
     in its next fetch for good. Loaded before subscribing, the group's metadata snapshot misses it

@@ -22,6 +22,7 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
+from embedstream.producers.topics import all_topics, ensure_topics
 from embedstream.schemas import ErrorInfo
 from embedstream.workers.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
                                           group_joined, missing_topics, new_consumer, subscribe)
@@ -114,7 +115,10 @@ class Lane:
         self._new_consumer = lambda: make(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records,
                                           **consumer_extra)
         self.consumer = self._new_consumer()
-        self.subscribed_at: float | None = None  # subscribing waits until every topic exists (see poll)
+        self.subscribed_at: float | None = None  # set on the first subscription (to the topics that exist)
+        self.subscribed: list[str] = []  # the topics subscribed to: those of ``topics`` that exist
+        self.missing: list[str] = list(topics)  # the lane's topics the broker does not have (yet): /readyz says them
+        self._may_create = kafka.create_topics  # false once the broker refused a creation
         self._lost_since: float | None = None
         self.rebuilds = 0  # consumers replaced by the join watchdog
         self.last_lag = 0
@@ -126,11 +130,11 @@ class Lane:
     def poll(self, timeout_ms: int) -> list:
         """Fetch records (none while the queue is full: the partitions are paused); each is tracked.
 
-        Not subscribed until every topic of the lane exists: kafka-python 3.0.12 can hang for good in
-        its coordinator lookup when a subscribed topic appears while the group is joining (4 of 12
-        fresh starts never consumed; 0 of 8 with the topics there first). A lane whose coordinator
-        stays unknown for ``join_timeout_s`` gets a new consumer (the join watchdog)."""
-        if self.subscribed_at is None and not self._subscribe_when_topics_exist():
+        The lane serves the topics that exist and picks up the others when they appear (``follow_topics``);
+        a lane none of whose topics exist yet polls nothing. A lane whose coordinator stays unknown for
+        ``join_timeout_s`` gets a new consumer (the join watchdog)."""
+        self.follow_topics()
+        if not self.subscribed:
             time.sleep(max(timeout_ms, 50) / 1000)
             return []
         self._watch_join()
@@ -138,20 +142,47 @@ class Lane:
         batches = self.consumer.poll(timeout_ms=timeout_ms)
         return [record for records in batches.values() for record in records]
 
-    def _subscribe_when_topics_exist(self) -> bool:
+    def follow_topics(self) -> None:
+        """Create the project's missing topics where the broker allows it, subscribe to the lane's topics that exist.
+
+        Checked every second while a topic is missing, never once all exist. The project's own topics
+        (``producers.topics.all_topics``) are created with its partition defaults unless
+        ``kafka.create_topics`` is off or the broker refuses (an ACL, a policy: said once, then waited
+        for); a foreign topic (a Debezium source) is only waited for. Subscribing to the existing ones
+        first and re-subscribing as others appear, rather than waiting for all: an online lane whose
+        chunk topic nobody made never served the queries on the topic it had (issue #29). kafka-python
+        3.0.12 could hang in its coordinator lookup when a subscribed topic appeared while the group was
+        joining; here a topic joins the subscription only once it exists, and the join watchdog covers
+        the rest."""
+        if not self.missing:
+            return
         now = time.monotonic()
         if now < self._next_topic_check:
-            return False
+            return
         self._next_topic_check = now + 1.0
         missing = missing_topics(self.kafka, self.topics)
-        if missing:
-            if now >= self._next_wait_log:
-                log.warning("waiting for topics before subscribing", lane=self.name, missing=missing)
-                self._next_wait_log = now + 30.0
-            return False
-        subscribe(self.consumer, self.topics, _Rebalance(self))
-        self.subscribed_at = time.monotonic()
-        return True
+        creatable = [topic for topic in missing if topic in all_topics(self.kafka)] if self._may_create else []
+        if creatable:
+            try:
+                ensure_topics(self.kafka, topics=creatable)
+                missing = missing_topics(self.kafka, self.topics)
+            except KafkaError as exc:  # no CREATE right, a creation policy: wait for someone who may
+                self._may_create = False
+                log.warning("cannot create topics; waiting for them", lane=self.name, topics=creatable,
+                            error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        present = [topic for topic in self.topics if topic not in missing]
+        if present != self.subscribed:
+            subscribe(self.consumer, present, _Rebalance(self))
+            if self.subscribed_at is None:
+                self.subscribed_at = time.monotonic()
+            if self.subscribed:
+                log.info("topics appeared; subscribed to them", lane=self.name, topics=present)
+            self.subscribed = present
+        self.missing = missing
+        if missing and now >= self._next_wait_log:
+            log.warning("serving the topics that exist; waiting for the others", lane=self.name,
+                        serving=present, missing=missing)
+            self._next_wait_log = now + 30.0
 
     def _watch_join(self) -> None:
         """A lane whose group coordinator stayed unknown ``join_timeout_s`` while a broker listens: new consumer.
@@ -181,6 +212,7 @@ class Lane:
         self.consumer = self._new_consumer()
         self.rewind.clear()  # the new consumer starts from the committed offsets
         self.subscribed_at = self._lost_since = None
+        self.subscribed, self.missing = [], list(self.topics)
         self._next_topic_check = 0.0
         self.paused = False
         self.rebuilds += 1

@@ -85,7 +85,13 @@ class WorkerLoop:
     def readiness_checks(self) -> dict[str, Callable[[], bool]]:
         """/readyz: every lane a member of its group and its broker reachable (subclasses add their stores)."""
         return {"broker": lambda: all(lane.reachable() for lane in self.lanes.values()),
-                "joined": lambda: all(lane.joined() for lane in self.lanes.values())}
+                "joined": lambda: all(lane.joined() for lane in self.lanes.values()),
+                "topics": lambda: not any(lane.missing for lane in self.lanes.values())}
+
+    def readiness_details(self) -> dict:
+        """/readyz's body besides the checks: the topics each lane waits for (it serves the others meanwhile)."""
+        missing = {name: lane.missing for name, lane in self.lanes.items() if lane.missing}
+        return {"missing_topics": missing} if missing else {}
 
     def stalled(self) -> str | None:
         """Why the loop is alive but stuck, or None: /healthz fails on it (an orchestrator restarts the worker).

@@ -222,5 +222,9 @@ def bench_gateway_cmd(
     max_s: float = typer.Option(300.0, help="Time bound of each measured phase"),
 ) -> None:
     """Gateway round trip p50/p95 against the Kafka client at concurrency 1 and 16, then a lossless soak."""
+    from embedstream import devkafka
+
     logs.configure()
-    print_table(run(port, requests, tuple(concurrency), soak_s, soak_concurrency, warmup, max_s))
+    with devkafka.borrowed(port=port):  # a broker started for the bench is stopped however it ends
+        result = run(port, requests, tuple(concurrency), soak_s, soak_concurrency, warmup, max_s)
+    print_table(result)

@@ -12,6 +12,14 @@ import typer
 from embedstream import logs
 from embedstream.commands.options import BROKER_PORT, BrokerPort
 
+def _broker(port: int):
+    """The local broker for one benchmark: a running one is used and left running, one started is stopped
+    however the benchmark ends (each bench module starts it when none answers: ``devkafka.borrowed``)."""
+    from embedstream import devkafka
+
+    return devkafka.borrowed(port=port)
+
+
 app = typer.Typer(no_args_is_help=True, help="Benchmarks that print side-by-side tables.")
 
 
@@ -56,8 +64,9 @@ def bench_pipeline(
     from embedstream.bench import pipeline_bench
 
     logs.configure(level="WARNING")
-    pipeline_bench.print_table(pipeline_bench.run(docs, queries, port, online_threads, bulk_nice, warmup, rounds,
-                                                  online_precision))
+    with _broker(port):
+        result = pipeline_bench.run(docs, queries, port, online_threads, bulk_nice, warmup, rounds, online_precision)
+    pipeline_bench.print_table(result)
 
 
 @app.command("stall")
@@ -77,7 +86,9 @@ def bench_stall(
     if bad:
         raise typer.BadParameter(f"mode must be one of {stall_bench.MODES}, got {bad}")
     logs.configure(level="ERROR")
-    stall_bench.print_results(stall_bench.run(mode, port, chunks, words, warmup, stall, recover))
+    with _broker(port):
+        results = stall_bench.run(mode, port, chunks, words, warmup, stall, recover)
+    stall_bench.print_results(results)
 
 
 @app.command("rerank")
@@ -136,13 +147,14 @@ def bench_latency(
     bad = [p for p in policy or [] if p not in latency_bench.POLICIES]
     if bad:
         raise typer.BadParameter(f"policy must be among {list(latency_bench.POLICIES)}, got {bad}")
-    result = latency_bench.run(
-        rate or ([10, 25, 50, 100] if quick else [10, 25, 50, 75, 100, 150, 200]),
-        rerank_rate or ([0.5, 1, 2] if quick else [0.25, 0.5, 1, 1.5, 2, 3]), policy or list(latency_bench.POLICIES), port=port,
-        step_s=step_s or (3.0 if quick else 6.0), rerank_step_s=(6.0 if quick else 10.0), max_requests=max_requests,
-        target_ms=target_ms or Settings().worker.latency_target_ms, rerank_target_ms=rerank_target_ms,
-        deadline_ms=deadline_ms, backlog=not no_backlog, rerank=not no_rerank, out_dir=out,
-        warmup=60 if quick else 120)
+    with _broker(port):
+        result = latency_bench.run(
+            rate or ([10, 25, 50, 100] if quick else [10, 25, 50, 75, 100, 150, 200]),
+            rerank_rate or ([0.5, 1, 2] if quick else [0.25, 0.5, 1, 1.5, 2, 3]), policy or list(latency_bench.POLICIES),
+            port=port, step_s=step_s or (3.0 if quick else 6.0), rerank_step_s=(6.0 if quick else 10.0),
+            max_requests=max_requests, target_ms=target_ms or Settings().worker.latency_target_ms,
+            rerank_target_ms=rerank_target_ms, deadline_ms=deadline_ms, backlog=not no_backlog, rerank=not no_rerank,
+            out_dir=out, warmup=60 if quick else 120)
     latency_bench.print_table(result)
 
 
@@ -181,8 +193,9 @@ def bench_host(
     if quick:
         chunks, minilm_chunks, processes = min(chunks, 600), min(minilm_chunks, 100), [1]
     logs.configure(level="WARNING")
-    host_bench.print_table(host_bench.run(chunks, minilm_chunks, tuple(processes), port, tuple(model),
-                                          timeout_s=timeout))
+    with _broker(port):
+        result = host_bench.run(chunks, minilm_chunks, tuple(processes), port, tuple(model), timeout_s=timeout)
+    host_bench.print_table(result)
 
 
 @app.command("transport")
@@ -197,4 +210,6 @@ def bench_transport(
     if count < 1 or gap_ms < 0:
         raise typer.BadParameter("count must be at least 1 and gap-ms not negative")
     logs.configure(level="WARNING")
-    transport_bench.print_table(transport_bench.run(port, count, gap_ms))
+    with _broker(port):
+        rows = transport_bench.run(port, count, gap_ms)
+    transport_bench.print_table(rows)

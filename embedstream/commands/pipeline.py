@@ -108,8 +108,12 @@ def search(
     filter: Optional[list[str]] = typer.Option(None, "--filter", help="Payload filter field=value; repeat (same field: any of)"),
     timeout: float = typer.Option(30.0, help="Seconds to wait for the reply"),
     width: int = typer.Option(90, help="Characters of chunk text shown"),
+    as_json: bool = typer.Option(False, "--json", help="Print the reply as JSON (for scripts)"),
 ) -> None:
-    """Retrieve -> rerank through the rerank workers (Kafka request-reply); print the hits and every stage's time."""
+    """Embed -> vector search [-> rerank] through Kafka request-reply; print the hits and every stage's time.
+
+    The embed workers answer a search without rerank (in vector order, on the store they write); the
+    rerank workers answer searches that ask for a rerank, when one runs (else: vector order too)."""
     import uuid
 
     from rich.table import Table
@@ -132,6 +136,9 @@ def search(
             typer.echo(str(exc), err=True)
             raise typer.Exit(2) from None
         round_trip = now_ms() - sent
+    if as_json:
+        typer.echo(reply.model_dump_json(indent=2))
+        raise typer.Exit(1 if reply.error else 0)
     console = logs.console()
     if reply.error is not None:
         console.print(f"[red]{reply.error.code}[/red]: {reply.error.message}")

@@ -25,6 +25,9 @@ def worker_embed(
              "(default: EMBEDSTREAM_WORKER__SKIP_UNCHANGED, true)"),
     nice: int = typer.Option(0, help="Lower this process's CPU priority by N (e.g. 10 for a bulk worker sharing "
                                      "cores with an online one: the bench's query p95 under backlog fell from 35-41 to 24-31 ms)"),
+    search: bool = typer.Option(True, "--search/--no-search",
+                                help="Also answer search requests on the store this worker writes (vector order; "
+                                     "rerank requests are left to the rerank workers while any run)"),
 ) -> None:
     """Consume chunk and query topics, embed in token-budget batches, upsert into Qdrant, reply to queries."""
     from embedstream.workers.runtime import build_embed_worker
@@ -43,7 +46,12 @@ def worker_embed(
     if bad or not chosen:
         raise typer.BadParameter(f"lanes must be online and/or bulk, got {lanes!r}")
     worker = build_embed_worker(settings, chosen, model)
-    run_until_signalled(worker, metrics_port or None)
+    companions = ()
+    if search:  # on the store the worker writes: the embedded one belongs to this process
+        from embedstream.workers.vector_search import VectorSearchWorker
+
+        companions = (VectorSearchWorker(settings, worker.sink.store, worker.engine.spec.name, worker.metrics),)
+    run_until_signalled(worker, metrics_port or None, companions=companions)
 
 
 @app.command("rerank")

@@ -12,11 +12,11 @@ One module per job:
 * ``storage``: server.properties, log4j2.properties, formatting the KRaft storage once
 * ``process``: launching, finding and stopping the broker process
 * ``probe``: readiness over the wire (raw ApiVersions + Metadata; stdlib only)
-* ``broker``: start / stop / restart / status
+* ``broker``: start / stop / restart / status; ``borrowed`` (started here: stopped on the way out)
 * ``cli``: ``python -m embedstream.devkafka start|stop|restart|status|jars [--port N]``
 """
 
-from embedstream.devkafka.broker import BrokerInfo, restart, start, status, stop
+from embedstream.devkafka.broker import BrokerInfo, borrowed, restart, start, status, stop
 from embedstream.devkafka.cli import main
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.jars import ensure_jars, kafka_version
@@ -27,6 +27,7 @@ from embedstream.devkafka.process import port_free
 
 __all__ = [
     "BrokerInfo",
+    "borrowed",
     "DevKafkaError",
     "broker_answers",
     "default_data_dir",

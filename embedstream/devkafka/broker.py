@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import ssl
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.jars import ensure_jars, kafka_version
@@ -226,3 +226,16 @@ def status(port: int = DEFAULT_PORT, data_dir: Path | str | None = None) -> dict
         "console_log": str(layout.console_log),
         "cluster_id": read_cluster_id(layout),
     }
+
+
+@contextlib.contextmanager
+def borrowed(port: int = DEFAULT_PORT, data_dir: Path | str | None = None, **start_options) -> Iterator[BrokerInfo]:
+    """A broker for the length of a ``with``: one found answering is used and left running; one started
+    here is stopped however the block ends (an error, Ctrl-C). What the demo and every benchmark use."""
+    started_here = not status(port=port, data_dir=data_dir).get("answering")
+    info = start(port=port, data_dir=data_dir, **start_options)
+    try:
+        yield info
+    finally:
+        if started_here:
+            stop(port=port, data_dir=data_dir)

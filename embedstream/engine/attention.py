@@ -20,6 +20,7 @@ equal lengths adjacent) is one valid sequence order for them as for the grouped 
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -33,10 +34,16 @@ try:  # optional GPU kernel
 except Exception:  # noqa: BLE001 - missing or built for another CUDA: fall back silently
     flash_attn_varlen_func = None
 
-try:  # torch's own varlen kernel (the pinned torch has it)
-    from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
-except ImportError:  # older torch: the next kernel down
-    torch_varlen_attn = None
+TORCH_VARLEN_INSTALLED = importlib.util.find_spec("torch.nn.attention.varlen") is not None  # older torch: not
+
+
+def torch_varlen_attn(*args, **kwargs):
+    """torch's own varlen kernel (``torch.nn.attention.varlen.varlen_attn``), imported on first use: the
+    import pulls in torch._dynamo and triton, which a CPU process never runs and whose nanobind objects
+    print ~40 "leaked instance/type/function" lines at interpreter exit."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(*args, **kwargs)
 
 FLASH_ATTN = "flash-attn-varlen"
 TORCH_VARLEN = "torch-varlen-attn"
@@ -87,7 +94,7 @@ def _cuda_kernels_available(index: int) -> KernelsAvailable:
     if torch.cuda.get_device_capability(index) < MIN_VARLEN_CAPABILITY:
         return KernelsAvailable()
     flash_built = torch.backends.cuda.is_flash_attention_available()
-    torch_varlen = torch_varlen_attn is not None and flash_built and _torch_varlen_runs(index)
+    torch_varlen = TORCH_VARLEN_INSTALLED and flash_built and _torch_varlen_runs(index)
     return KernelsAvailable(flash_attn_varlen_func is not None, torch_varlen)
 
 

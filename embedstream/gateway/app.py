@@ -22,7 +22,7 @@ from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine.errors import EngineError
 from embedstream.engine.model_spec import resolve_model
-from embedstream.gateway import routes_embed, routes_rank
+from embedstream.gateway import routes_embed, routes_rank, routes_tei
 from embedstream.gateway.config import GatewayOptions
 from embedstream.gateway.errors import ApiError, Dialect
 from embedstream.gateway.lanes import KafkaLanes
@@ -133,6 +133,12 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
         Route("/v1/rerank", endpoint("cohere_rerank", "cohere", routes_rank.cohere_rerank), methods=["POST"]),
         Route("/v2/rerank", endpoint("cohere_rerank", "cohere", routes_rank.cohere_rerank), methods=["POST"]),
         Route("/search", endpoint("search", "tei", routes_rank.search), methods=["POST"]),
+        # TEI's root route (by the body: embed or rerank), SageMaker's name for it, and what TEI clients call first
+        Route("/", endpoint("tei_root", "tei", routes_tei.root, boxed=True), methods=["POST"]),
+        Route("/invocations", endpoint("tei_root", "tei", routes_tei.root, boxed=True), methods=["POST"]),
+        Route("/predict", endpoint("predict", "tei", routes_tei.predict), methods=["POST"]),
+        Route("/tokenize", endpoint("tokenize", "tei", routes_tei.tokenize), methods=["POST"]),
+        Route("/decode", endpoint("decode", "tei", routes_tei.decode), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),

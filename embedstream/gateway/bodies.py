@@ -85,6 +85,21 @@ class TeiEmbed(_Body):
     dimensions: StrictInt | None = None
 
 
+class TeiTokenize(_Body):
+    """TEI ``POST /tokenize``."""
+
+    inputs: Union[StrictStr, list[StrictStr]]
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+
+
+class TeiDecode(_Body):
+    """TEI ``POST /decode``."""
+
+    ids: Union[TokenIds, list[TokenIds]]
+    skip_special_tokens: StrictBool = True
+
+
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 

@@ -56,7 +56,8 @@ async def _cohere(gateway: Gateway, body: CohereRerank, deadline: float) -> JSON
 
 
 async def search(gateway: Gateway, request: Request) -> JSONResponse:
-    """``/search``: the rerank workers' embed -> vector search -> rerank path; hits with payloads and stage times."""
+    """``/search``: embed -> vector search [-> rerank]; hits with payloads and stage times. The rerank workers
+    answer it when one runs and ``rerank`` is asked, the embed workers otherwise (vector order)."""
     deadline = gateway.deadline(request.headers)
     body = validate(SearchBody, await read_json(request, gateway.options.max_body_bytes))
     reply = await gateway.search(body.model_dump(), deadline)

@@ -119,11 +119,7 @@ class Gateway:
         if len(ids) > self.options.max_inputs:  # before decoding any of them
             raise ApiError(413, "too_many_inputs", f"input has {len(ids)} items, over the limit of "
                            f"{self.options.max_inputs} per request", param="input")
-        if self._tokenizer is None:
-            from embedstream.engine.tokenize import load_tokenizer
-
-            self._tokenizer = load_tokenizer(self.spec.path)
-        vocab = self._tokenizer.get_vocab_size()
+        vocab = self.tokenizer().get_vocab_size()
         for i, row in enumerate(ids):
             if not row:
                 raise ApiError(422, "empty_input", f"input[{i}] has no token ids", param="input")
@@ -132,6 +128,14 @@ class Gateway:
                                f"{self.spec.name!r}'s tokenizer (LangChain: set check_embedding_ctx_length=False "
                                "to send text)", param="input")
         return self._tokenizer.decode_batch(ids, skip_special_tokens=True)
+
+    def tokenizer(self):
+        """The served model's fast tokenizer (loaded on first use: the gateway holds no weights)."""
+        if self._tokenizer is None:
+            from embedstream.engine.tokenize import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.spec.path)
+        return self._tokenizer
 
     # -- lanes ----------------------------------------------------------------------------------
     def _connected(self) -> KafkaLanes:

@@ -301,3 +301,43 @@ def test_tei_truncate_and_normalize_travel_to_the_worker(stack, minilm_engine):
     unnormalised = np.asarray(raw.json()[0])
     assert abs(float(np.linalg.norm(unnormalised)) - 1.0) > 1e-3
     np.testing.assert_allclose(unnormalised, np.asarray(results[1].vector.values), rtol=1e-4, atol=1e-5)
+
+
+def test_tei_clients_on_the_root_route_get_the_engines_vectors(stack, minilm_engine, ce_engine, monkeypatch):
+    """Issue #29: huggingface_hub's InferenceClient and LangChain's HuggingFaceEndpointEmbeddings post to TEI's
+    root route (404 before); /invocations, /tokenize, /decode and /predict as a TEI server answers them."""
+    from huggingface_hub import InferenceClient, constants
+    from langchain_huggingface import HuggingFaceEndpointEmbeddings
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the tests' offline switch also blocks loopback URLs
+    expected, _ = _engine_vectors(minilm_engine, TEXTS)
+    client = InferenceClient(model=stack.url, timeout=30)
+    got = client.feature_extraction(TEXTS[0])
+    assert _cos(np.asarray(got).reshape(-1), expected[0]) >= 0.9999
+    many = np.asarray(client.feature_extraction(TEXTS))
+    assert many.shape == (len(TEXTS), 384) and _cos(many, expected).min() >= 0.9999
+    # langchain-huggingface 1.x refuses a URL as `model` (0.x took it): its client is pointed at the server instead
+    langchain = HuggingFaceEndpointEmbeddings(model=MODEL)
+    langchain.client = InferenceClient(model=stack.url, timeout=30)
+    assert _cos(langchain.embed_documents(TEXTS), expected).min() >= 0.9999
+    assert _cos(langchain.embed_query(TEXTS[1]), expected[1]) >= 0.9999
+
+    docs = [" ".join(p.split()[:30]) for p in stdlib_paragraphs()[900:904]]
+    scores, _ = ce_engine.score([ScoreRequest(i, "read a file", d) for i, d in enumerate(docs)])
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        r = http.post("/invocations", json={"inputs": TEXTS[2]})
+        assert r.status_code == 200 and _cos(r.json()[0], expected[2]) >= 0.9999
+        r = http.post("/", json={"query": "read a file", "texts": docs})
+        assert r.status_code == 200, r.text
+        assert [x["index"] for x in r.json()] == list(np.argsort(-np.array([s.score for s in scores]), kind="stable"))
+        r = http.post("/", json={"neither": 1})
+        assert r.status_code == 422 and r.json()["error_type"] == "validation"
+        r = http.post("/tokenize", json={"inputs": "read a file"})
+        tokens = r.json()[0]
+        ids = minilm_engine.tokenizer.tokenizer.encode("read a file").ids
+        assert [t["id"] for t in tokens] == ids and tokens[0]["special"] and tokens[1]["text"] == "read"
+        assert (tokens[1]["start"], tokens[1]["stop"]) == (0, 4)
+        r = http.post("/decode", json={"ids": ids})
+        assert r.json() == ["read a file"]
+        r = http.post("/predict", json={"inputs": "x"})
+        assert r.status_code == 424 and r.json()["error_type"] == "backend"

@@ -92,3 +92,42 @@ def test_a_lane_whose_coordinator_stays_unknown_gets_a_new_consumer_and_goes_on(
         producer.close()
         wait_for(lambda: store.collection_exists("docs") and store.count("docs") == 3, 90, "chunks after the rebuild")
         assert lane.rebuilds == 1 and worker.failure is None
+
+
+@pytest.mark.timeout(300)
+def test_an_online_worker_creates_its_topics_and_answers_on_a_fresh_namespace(kafka_bootstrap, minilm_engine):
+    """Issue #29: `worker embed --lanes online` then the gateway on a fresh broker answered nothing: nobody made
+    the online chunk topic, and the lane waited for it before serving the queries topic it had."""
+    settings = isolated_settings(kafka_bootstrap, "fresh")
+    store = memory_store()
+    with RunningWorker(settings, minilm_engine, store, lanes=("online",)) as worker:
+        with QueryClient(settings.kafka) as client:
+            assert client.embed("a first question", timeout_s=60).error is None
+        lane = worker.lanes["online"]
+        assert lane.missing == [] and worker.readiness_details() == {}
+        assert set(lane.subscribed) == {settings.kafka.topic_queries, settings.kafka.topic_chunks_online}
+
+
+@pytest.mark.timeout(300)
+def test_a_lane_not_allowed_to_create_serves_the_topics_that_exist_and_picks_up_the_others(kafka_bootstrap,
+                                                                                            minilm_engine):
+    settings = isolated_settings(kafka_bootstrap, "nocreate")
+    settings.kafka.create_topics = False
+    ensure_topics(settings.kafka, partitions=2, topics=[settings.kafka.topic_queries, settings.kafka.topic_replies,
+                                                        settings.kafka.topic_dead_letters])
+    store = memory_store()
+    with RunningWorker(settings, minilm_engine, store, lanes=("online",)) as worker:
+        with QueryClient(settings.kafka) as client:
+            assert client.embed("served while the chunk topic is missing", timeout_s=60).error is None
+        assert worker.readiness_details() == {"missing_topics": {"online": [settings.kafka.topic_chunks_online]}}
+        assert worker.readiness_checks()["topics"]() is False
+        ensure_topics(settings.kafka, partitions=2, topics=[settings.kafka.topic_chunks_online])
+        producer = KafkaProducer(**settings.kafka.client_kwargs(), acks="all")
+        producer.send(settings.kafka.topic_chunks_online, key=b"d",
+                      value=encode(ChunkEvent(doc_id="d", chunk_id=0, text="a chunk on a late topic")))
+        producer.close()
+        wait_for(lambda: store.collection_exists("docs") and store.count("docs") == 1, 90, "the late topic's chunk")
+        assert worker.readiness_details() == {} and worker.readiness_checks()["topics"]()
+        with QueryClient(settings.kafka) as client:
+            assert client.embed("and still served after the re-subscription", timeout_s=60).error is None
+        assert worker.failure is None

@@ -100,14 +100,22 @@ def test_a_coded_error_ends_the_command_as_one_line_and_exit_2():
 @pytest.fixture
 def built_workers(monkeypatch):
     """Run the worker commands up to the point where a worker would start; record what they were built from."""
-    from embedstream.workers import runtime, serve
+    from types import SimpleNamespace
+
+    from embedstream.workers import runtime, serve, vector_search
 
     built: list[dict] = []
-    monkeypatch.setattr(runtime, "build_embed_worker",
-                        lambda settings, lanes, model=None: built.append({"settings": settings, "lanes": lanes}))
+
+    def embed_worker(settings, lanes, model=None):
+        built.append({"settings": settings, "lanes": lanes})
+        return SimpleNamespace(sink=SimpleNamespace(store=None), engine=SimpleNamespace(spec=SimpleNamespace(name="m")),
+                               metrics=None)
+
+    monkeypatch.setattr(runtime, "build_embed_worker", embed_worker)
+    monkeypatch.setattr(vector_search, "VectorSearchWorker", lambda *args: built.append({"search": args}))
     monkeypatch.setattr(runtime, "build_rerank_worker",
                         lambda settings, model, embed_model=None, **kw: built.append({"settings": settings, **kw}))
-    monkeypatch.setattr(serve, "run_until_signalled", lambda worker, metrics_port: None)
+    monkeypatch.setattr(serve, "run_until_signalled", lambda worker, metrics_port, **kw: None)
     return built
 
 
@@ -120,8 +128,9 @@ def test_worker_embed_flags_override_the_worker_settings_only_when_given(built_w
     result = CliRunner().invoke(app, ["worker", "embed", "--lanes", "bulk", "--metrics-port", "0", *flag],
                                 env={"EMBEDSTREAM_WORKER__SKIP_UNCHANGED": env})
     assert result.exit_code == 0, result.output
-    assert built_workers[-1]["lanes"] == ("bulk",)
-    assert built_workers[-1]["settings"].worker.skip_unchanged is expected
+    assert built_workers[0]["lanes"] == ("bulk",)
+    assert built_workers[0]["settings"].worker.skip_unchanged is expected
+    assert "search" in built_workers[-1]  # and its search lane, on the store it writes
 
 
 @pytest.mark.parametrize("flag, expected", [([], 20), (["--max-candidates", "7"], 7)])

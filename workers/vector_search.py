@@ -1,0 +1,122 @@
+"""Search without a cross-encoder: the embed workers' search lane (embed -> Qdrant -> hits in vector order).
+
+A user with an embedding model and a collection can search it (issue #29): ``worker embed`` runs this
+loop next to its lanes, in the same process, on the store it writes (the embedded store belongs to
+one process, so only that process can search it). It consumes the search topic in its own group
+(``kafka.group_search``); query vectors come from the embed workers' query lane over Kafka
+(``kafka_embedder``: the same batching and admission as every query), the search plan and its
+rescoring are ``Searcher``'s (Matryoshka prefetch, uint8 and quantized rescoring).
+
+Rerank only when a reranker runs and the request asks: the rerank workers consume the same topic in
+their group and answer every search. Here a request with ``rerank`` false is answered; one asking
+for a rerank is left to the rerank workers while their group has members, and answered in vector
+order (``model`` null, no ``rerank_score``) while it has none. With both running, a search without
+rerank is answered twice; the caller takes the first reply by its id.
+"""
+
+from __future__ import annotations
+
+import time
+
+from embedstream import logs
+from embedstream.config import Settings
+from embedstream.producers.query_client import QueryClient
+from embedstream.schemas.codec import DecodeError, decode
+from embedstream.schemas.rerank import SearchRequest
+from embedstream.workers.loop import WorkerLoop, new_worker_id
+from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.search import Searcher, kafka_embedder
+from embedstream.workers.trust import TrustError, TrustPolicy, check_trust
+
+log = logs.get("embedstream.worker")
+
+LANE = "search"
+RERANKERS_TTL_S = 5.0
+
+
+class RerankersProbe:
+    """Whether the rerank workers' group has members, asked of the broker at most every ``ttl_s``."""
+
+    def __init__(self, kafka, ttl_s: float = RERANKERS_TTL_S):
+        self.kafka, self.ttl_s = kafka, ttl_s
+        self._admin = None
+        self._known: tuple[float, bool] | None = None
+
+    def running(self) -> bool:
+        now = time.monotonic()
+        if self._known is not None and now - self._known[0] < self.ttl_s:
+            return self._known[1]
+        try:
+            if self._admin is None:
+                from kafka import KafkaAdminClient
+
+                self._admin = KafkaAdminClient(**self.kafka.client_kwargs(), client_id="embedstream-search-probe")
+            group = self._admin.describe_groups([self.kafka.group_rerank]).get(self.kafka.group_rerank) or {}
+            running = bool(group.get("members"))
+        except Exception as exc:  # noqa: BLE001 - unknown: leave rerank requests to the rerank workers
+            log.debug("rerank group probe failed", error=str(exc)[:300])
+            running = True
+        self._known = (now, running)
+        return running
+
+    def close(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+
+
+class VectorSearchWorker(WorkerLoop):
+    """Search requests -> query vector (embed workers) -> store -> replies, one request at a time."""
+
+    name = "vector search"
+
+    def __init__(self, settings: Settings, store, model: str | None, metrics, embed_timeout_s: float = 5.0):
+        super().__init__(settings.kafka, settings.worker, metrics, new_worker_id("search"))
+        self.client = QueryClient(settings.kafka)
+        self.searcher = Searcher(store, kafka_embedder(self.client, model, embed_timeout_s), None,
+                                 settings.qdrant.collection)
+        self.trust = TrustPolicy.from_settings(settings)
+        self.rerankers = RerankersProbe(settings.kafka)
+        self.lane = self.add_lane(LANE, [settings.kafka.topic_search], settings.kafka.group_search, 16, online=True)
+
+    def run_once(self) -> int:
+        records = self.lane.poll(self.lane.joining_timeout(50))
+        for record in records:
+            handle = self.lane.track(record)
+            try:
+                request = decode(record.value, SearchRequest, self.kafka.max_record_bytes)
+                check_trust(request, self.trust)
+            except DecodeError as err:
+                self.lane.dead_letter(record, err.to_error_info(), handle)
+                continue
+            except TrustError as err:  # a refused reply_to is never answered
+                if err.may_reply:
+                    self.lane.reply(record, request, self._refused(request, err), handle)
+                else:
+                    self.lane.dead_letter(record, err.to_error_info(), handle)
+                continue
+            if request.rerank and self.rerankers.running():
+                OffsetTracker.done(handle)  # the rerank workers answer it
+                continue
+            reply = self.searcher.search(request.model_copy(update={"rerank": False}))
+            self.lane.reply(record, request, reply, handle)
+        if records:
+            self.commit()
+        self.record_lag()
+        return len(records)
+
+    @staticmethod
+    def _refused(request: SearchRequest, err: TrustError):
+        from embedstream.schemas.rerank import SearchReply
+
+        return SearchReply(request_id=request.request_id, error=err.to_error_info(), timings_ms={})
+
+    def record_lag(self) -> None:
+        self.lane.record_lag(self.metrics)
+
+    def close_resources(self) -> None:
+        self.rerankers.close()
+        self.client.close()
+
+    def readiness_checks(self) -> dict:
+        return {**super().readiness_checks(),
+                "qdrant": lambda: self.searcher.store.list_collections() is not None}
