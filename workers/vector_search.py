@@ -74,7 +74,7 @@ class VectorSearchWorker(WorkerLoop):
         self.client = QueryClient(settings.kafka)
         self.searcher = Searcher(store, kafka_embedder(self.client, model, embed_timeout_s), None,
                                  settings.qdrant.collection)
-        self.policy = TrustPolicy.from_settings(settings)
+        self.trust = TrustPolicy.from_settings(settings)
         self.rerankers = RerankersProbe(settings.kafka)
         self.lane = self.add_lane(LANE, [settings.kafka.topic_search], settings.kafka.group_search, 16, online=True)
 
@@ -84,7 +84,7 @@ class VectorSearchWorker(WorkerLoop):
             handle = self.lane.track(record)
             try:
                 request = decode(record.value, SearchRequest, self.kafka.max_record_bytes)
-                check_trust(request, self.policy)
+                check_trust(request, self.trust)
             except DecodeError as err:
                 self.lane.dead_letter(record, err.to_error_info(), handle)
                 continue
