@@ -48,7 +48,8 @@ _FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc")
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test's folder says what it needs: ``unit/`` nothing, ``kafka/`` the local broker, ``slow/`` time
+    """A test's folder says what it needs: ``unit/`` no service (some load the offline weights that the
+    set-up installs, never a hub), ``kafka/`` the local broker, ``slow/`` time
     (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker). The
     folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"`` and ``-m "not cdc"`` select by it."""
     root = Path(__file__).parent
