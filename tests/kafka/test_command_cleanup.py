@@ -14,7 +14,7 @@ from process_rig import command_env, leftovers, run
 
 pytestmark = pytest.mark.kafka
 
-PORT = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 300  # a port no broker of the run uses
+PORT = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 500  # a port no broker or rig of the run uses
 
 COMMANDS = {
     "bench transport": ["bench", "transport", "--count", "3"],

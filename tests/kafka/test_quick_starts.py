@@ -21,7 +21,7 @@ from cdc_events import envelope, key, raw, row
 
 pytestmark = pytest.mark.kafka
 
-BASE = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 200
+BASE = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 400  # +100 and +200: the CDC rig's PostgreSQL and Connect (tests/cdc_rig.py)
 BROKER, GATEWAY, METRICS = BASE, BASE + 20, BASE + 10
 ORDERS = ("readme", "reverse")
 
