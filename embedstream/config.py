@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from embedstream.kafka_auth import MaskedSecret
+from embedstream.masked import MaskedSecret
 from embedstream.workers.trust import TrustSettings
 
 Pooling = Literal["cls", "mean", "last_token"]

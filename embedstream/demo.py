@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from embedstream import devkafka, logs
-from embedstream.bench.corpus import documents
+from embedstream.corpus import documents
 from embedstream.config import Settings
 from embedstream.engine.engine import Engine
 from embedstream.producers.chunker import Chunker

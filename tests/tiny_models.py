@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.config import default_registry
 from embedstream.engine.model_spec import resolve_path
 

@@ -22,7 +22,8 @@ from pydantic import Field
 
 from embedstream import logs
 from embedstream.config import Settings, WorkerSettings
-from embedstream.engine.engine import EmbedRequest, Engine, Prepared, StageTimings
+from embedstream.engine.engine import EmbedRequest, Engine, StageTimings
+from embedstream.engine.prepared import Prepared
 from embedstream.engine.errors import EngineError
 from embedstream.engine.yield_points import yielding_to
 from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest

@@ -27,7 +27,7 @@ import numpy as np
 from kafka import KafkaConsumer, TopicPartition
 
 from embedstream import devkafka
-from embedstream.bench.corpus import documents, stdlib_paragraphs
+from embedstream.corpus import documents, stdlib_paragraphs
 from embedstream.bench.latency_bench import cpu_line
 from embedstream.config import Settings
 from embedstream.devcdc import connect, postgres

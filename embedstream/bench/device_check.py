@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embedstream.bench.corpus import mixed_length_texts
+from embedstream.corpus import mixed_length_texts
 from embedstream.config import Settings
 from embedstream.engine.batcher import pack
 from embedstream.engine.engine import EmbedRequest, Engine

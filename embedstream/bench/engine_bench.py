@@ -20,7 +20,7 @@ import psutil
 import torch
 
 from embedstream import logs
-from embedstream.bench.corpus import mixed_length_texts
+from embedstream.corpus import mixed_length_texts
 from embedstream.config import Settings
 from embedstream.engine.backends.linear import (
     DenseLinear,

@@ -24,7 +24,7 @@ import numpy as np
 import typer
 
 from embedstream import logs
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.config import KafkaSettings, Settings
 from embedstream.producers.query_client import QueryClient
 

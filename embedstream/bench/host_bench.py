@@ -38,7 +38,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from embedstream import devkafka, logs
-from embedstream.bench.corpus import documents
+from embedstream.corpus import documents
 from embedstream.bench.pipeline_bench import _LagProbe
 from embedstream.config import Settings, default_registry
 from embedstream.engine.engine import EmbedRequest, Engine

@@ -17,7 +17,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from embedstream.bench.corpus import SENTENCE, sentence_chunks, stdlib_paragraphs
+from embedstream.corpus import SENTENCE, sentence_chunks, stdlib_paragraphs
 # dotted names (two parts or more), snake_case, camelCase; letters first, so plain numbers never count
 IDENTIFIER = re.compile(
     r"(?<![\w.])(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[a-z][a-z0-9]*_[a-z0-9_]*[a-z0-9]"

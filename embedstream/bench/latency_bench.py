@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from embedstream import devkafka, logs
-from embedstream.bench.corpus import documents, stdlib_paragraphs
+from embedstream.corpus import documents, stdlib_paragraphs
 from embedstream.bench.pipeline_bench import _env, _LagProbe, _wait_ready
 from embedstream.config import Settings
 from embedstream.schemas.events import QueryReply, QueryRequest, now_ms

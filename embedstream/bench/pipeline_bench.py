@@ -30,7 +30,7 @@ import numpy as np
 
 from embedstream import logs
 from embedstream import devkafka
-from embedstream.bench.corpus import documents
+from embedstream.corpus import documents
 from embedstream.config import Settings
 from embedstream.engine.engine import EmbedRequest, Engine
 from embedstream.gcfreeze import freeze_startup_objects

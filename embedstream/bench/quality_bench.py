@@ -1,6 +1,6 @@
 """`embedstream bench quality`: what each storage form costs in recall, against exact float32 search.
 
-Corpus: the stdlib prose paragraphs (:func:`embedstream.bench.corpus.stdlib_paragraphs`), long ones
+Corpus: the stdlib prose paragraphs (:func:`embedstream.corpus.stdlib_paragraphs`), long ones
 split at sentence boundaries into chunks of at most ``chunk_words`` words, 200 paragraphs held out
 as queries (none of their chunks is in the corpus). The chunks are embedded once with the engine
 (MiniLM by default) and the float32 matrix is cached in ``~/.cache/embedstream/quality-<hash>.npy``
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from embedstream import logs
-from embedstream.bench.corpus import sentence_chunks, stdlib_paragraphs
+from embedstream.corpus import sentence_chunks, stdlib_paragraphs
 
 CACHE_DIR = Path.home() / ".cache" / "embedstream"
 TARGET_RECALL = 0.98

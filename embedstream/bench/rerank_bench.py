@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from embedstream import logs
-from embedstream.bench.corpus import documents, stdlib_paragraphs
+from embedstream.corpus import documents, stdlib_paragraphs
 from embedstream.config import ModelConfig, Settings, default_registry
 from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest
 from embedstream.engine.model_spec import build_spec, resolve_path

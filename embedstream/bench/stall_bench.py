@@ -52,7 +52,7 @@ class StallingStore(LockedStore):
 
 def _texts(count: int, words: int) -> list[str]:
     """Chunk-sized windows of real prose (about 1.3 tokens per word)."""
-    from embedstream.bench.corpus import stdlib_paragraphs
+    from embedstream.corpus import stdlib_paragraphs
 
     pool = " ".join(stdlib_paragraphs()[:4000]).split()
     step = max(1, (len(pool) - words) // max(1, count))

@@ -122,7 +122,7 @@ def measure(encoder, batches) -> Stats:
 
 def calibration_texts(spec, count: int = CALIBRATION_TEXTS) -> tuple[object, list[str]]:
     """(the engine's TextTokenizer for ``spec``, the fixed calibration texts); peers calibrate on the same."""
-    from embedstream.bench.corpus import mixed_length_texts
+    from embedstream.corpus import mixed_length_texts
     from embedstream.engine.tokenize import TextTokenizer, load_tokenizer, st_lowercase
 
     tokenizer = TextTokenizer(load_tokenizer(spec.path), spec.max_tokens, st_lowercase(spec.path))

@@ -23,7 +23,9 @@ from embedstream.engine.model_spec import ModelSpec, resolve_model
 from embedstream.engine.packed import pack_sequences
 from embedstream.engine.postprocess import Quantized
 from embedstream.engine.runner import ForwardTimings, ModelRunner
-from embedstream.engine.sparse import SparseEncoder, build_sparse_encoder
+from embedstream.engine.prepared import Prepared
+from embedstream.engine.sparse import SparseEncoder
+from embedstream.engine.sparse_choice import build_sparse_encoder
 from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer, st_lowercase
 from embedstream.engine.transfer import StagedBatch, staged_ahead
 from embedstream.vectors import EncodedRow, SparseVector, sparse_of, with_sparse
@@ -53,15 +55,6 @@ class ScoreRequest:
     id: Any
     query: Any
     passage: Any
-
-
-@dataclass
-class Prepared:
-    """A checked, tokenised request waiting for a batch."""
-
-    request: Any
-    tokens: Tokenized
-    normalize: bool = True
 
 
 @dataclass

@@ -31,6 +31,7 @@ from embedstream.engine.head import EmbeddingHead
 from embedstream.engine.model_spec import ModelSpec
 from embedstream.engine.packed import PackedBatch, pack_sequences
 from embedstream.engine.score_head import ScoreHead
+from embedstream.engine.splade_head import SpladeHead
 from embedstream.engine.tokenize import Tokenized
 from embedstream.engine.transfer import DeviceFeeder, StagedBatch
 
@@ -116,8 +117,6 @@ class ModelRunner:
         if spec.kind == "rerank":
             self.head = ScoreHead(model, self.head_reads, spec.activation, spec.name)
         elif spec.kind == "splade":
-            from embedstream.engine.splade import SpladeHead  # a masked-LM head pooled to term weights
-
             self.head = SpladeHead(model, spec)
         else:
             self.head = EmbeddingHead(spec, self.hidden_size, self.device)

@@ -12,6 +12,8 @@ One contract, :class:`SparseEncoder`, chosen per deployment (``EMBEDSTREAM_SPARS
   ``bench quality --hybrid`` measures both (README); ``words`` is the default.
 * ``splade`` (:class:`~embedstream.engine.splade.SpladeEncoder`): a masked-LM head with SPLADE pooling.
 
+``sparse_choice.build_sparse_encoder`` picks one from the settings.
+
 The engine calls :meth:`SparseEncoder.encode` with the batch it has just run the dense model on
 (``Engine.forward``), so the sparse vector is computed in the same pass over the same items.
 """
@@ -28,8 +30,7 @@ from embedstream.engine.errors import ConfigError
 from embedstream.vectors import SparseVector
 
 if TYPE_CHECKING:
-    from embedstream.config import Settings, SparseSettings
-    from embedstream.engine.engine import Prepared
+    from embedstream.engine.prepared import Prepared
     from embedstream.engine.tokenize import TextTokenizer
 
 
@@ -125,16 +126,3 @@ def text_of(item: Prepared, tokenizer: TextTokenizer | None) -> str:
     if tokenizer is None:
         return ""
     return tokenizer.tokenizer.decode(item.tokens.ids[item.tokens.prompt_tokens:], skip_special_tokens=True)
-
-
-def build_sparse_encoder(settings: Settings, text_tokenizer: TextTokenizer | None = None,
-                         dense_max_tokens: int | None = None) -> SparseEncoder | None:
-    """The deployment's sparse encoder (``settings.sparse``), or None when it writes dense vectors only."""
-    sparse: SparseSettings = settings.sparse
-    if sparse.kind == "none":
-        return None
-    if sparse.kind == "bm25":
-        return BM25Encoder(sparse.bm25_tokenizer, sparse.bm25_k, sparse.bm25_b, sparse.bm25_avg_len, text_tokenizer)
-    from embedstream.engine.splade import SpladeEncoder
-
-    return SpladeEncoder.from_name(sparse.model, settings, text_tokenizer, dense_max_tokens)

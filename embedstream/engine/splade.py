@@ -1,12 +1,8 @@
-"""SPLADE: a masked-LM head over the packed hidden states, pooled to one weight per vocabulary term.
+"""SPLADE: the sparse encoder that runs a masked-LM model on the packed path, one weight per vocabulary term.
 
-``w[v] = max over the sequence's tokens of log(1 + relu(logit[token, v]))`` (SPLADE-max; special
-tokens included, as the reference implementations mask only padding), computed as
-``log(1 + relu(max logit))`` (the same number: the function is monotonic). The model is any
-``*ForMaskedLM`` folder: the runner loads it with its head and runs the encoder on the packed layout
-like the dense models (``runner.py``, ``backends/``); :class:`SpladeHead` is the head the runner
-applies to the packed hidden states, in row blocks so a [tokens, vocabulary] matrix never exists
-whole (8,192 tokens x 30,522 terms would be 1 GB).
+The model is any ``*ForMaskedLM`` folder: the runner loads it with its head and runs the encoder on the
+packed layout like the dense models (``runner.py``, ``backends/``) and applies
+:class:`~embedstream.engine.splade_head.SpladeHead` (the SPLADE-max pooling) to the hidden states.
 
 The encoder reuses the dense model's tokens of a text when both tokenizers are the same one (same
 fingerprint) and no prompt came before the text; otherwise it tokenizes the text with its own.
@@ -17,66 +13,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import torch
-
 from embedstream.engine.batcher import BatchLimits, pack
 from embedstream.engine.errors import ConfigError, EngineError
 from embedstream.engine.model_spec import ModelSpec, resolve_model
-from embedstream.engine.packed import PackedBatch
 from embedstream.engine.runner import ForwardTimings, ModelRunner
+from embedstream.engine.splade_head import check_masked_lm
 from embedstream.engine.sparse import SparseEncoder, text_of
 from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer, st_lowercase
 from embedstream.vectors import SparseVector
 
 if TYPE_CHECKING:
     from embedstream.config import Settings
-    from embedstream.engine.engine import Prepared
+    from embedstream.engine.prepared import Prepared
 
-ROW_BLOCK = 512  # tokens per head tile: 512 x 30,522 float32 logits = 62 MB
-
-
-def check_masked_lm(spec: ModelSpec) -> None:
-    """Refuse, before loading, a folder that has no masked-LM head (a dense-only encoder)."""
-    archs = spec.hf_config.get("architectures") or []
-    if not any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
-        raise ConfigError(
-            f"sparse model {spec.name!r} ({spec.path}) has no masked-LM head (architectures: {archs or 'none'}); "
-            f"SPLADE needs a *ForMaskedLM model, e.g. splade-tiny")
-
-
-def masked_lm_head(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """The module that turns a *ForMaskedLM's hidden states into vocabulary logits (BERT's ``cls``,
-    RoBERTa's ``lm_head``): its one child besides the base model."""
-    heads = [module for child, module in model.named_children() if child != model.base_model_prefix]
-    if len(heads) != 1:
-        raise ConfigError(f"sparse model {name!r}: cannot tell its masked-LM head among {[n for n, _ in model.named_children()]}")
-    return heads[0]
-
-
-class SpladeHead:
-    """Packed hidden states [T, H] -> SPLADE weights [B, vocabulary] (float32, packed order)."""
-
-    def __init__(self, model: torch.nn.Module, spec: ModelSpec):
-        self.head = masked_lm_head(model, spec.name)
-        self.vocab_size = int(model.config.vocab_size)
-        self.dimensions = self.vocab_size
-
-    def project(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        """log(1 + relu(.)) is monotonic, so the max of the weights is the weight of the max logit: each
-        sequence's logits are max-reduced first and the weight taken on [B, V] only, never on [T, V].
-        Sequences of one length sit together (``batch.groups``): a run of them reduces as one
-        [n, length, V] block, ``ROW_BLOCK`` tokens at a time."""
-        out = torch.empty(len(batch.lengths), self.vocab_size, device=hidden.device, dtype=torch.float32)
-        row = 0
-        for first, count, length in batch.groups:
-            step = max(1, ROW_BLOCK // length)
-            for at in range(0, count, step):
-                n = min(step, count - at)
-                start = first + at * length
-                logits = self.head(hidden[start:start + n * length]).float()
-                out[row:row + n] = logits.view(n, length, -1).amax(dim=1)
-                row += n
-        return torch.log1p(torch.relu(out))
 
 class SpladeEncoder(SparseEncoder):
     """SPLADE vectors on the packed path, in the engine's batches (see the module docstring)."""

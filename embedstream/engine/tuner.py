@@ -139,7 +139,7 @@ def quality_texts() -> tuple[list[str], list[str]]:
     its top 10 to near-ties that any rounding reorders."""
     import random
 
-    from embedstream.bench.corpus import stdlib_paragraphs
+    from embedstream.corpus import stdlib_paragraphs
 
     paras = stdlib_paragraphs()
     span = 3 * DOCS_PER_QUERY

@@ -18,7 +18,7 @@ import pytest
 from conftest import isolated_settings, make_engine, memory_store, wait_for
 from worker_rig import RunningWorker
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.config import ModelConfig
 from embedstream.engine.engine import EmbedRequest, ScoreRequest
 from embedstream.engine.postprocess import quantize

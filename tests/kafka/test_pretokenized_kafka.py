@@ -10,7 +10,7 @@ import pytest
 from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
 from kafka import KafkaProducer
 
-from embedstream.bench.corpus import documents
+from embedstream.corpus import documents
 from embedstream.engine.engine import EmbedRequest
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.publisher import ChunkPublisher

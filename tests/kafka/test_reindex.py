@@ -9,7 +9,7 @@ import pytest
 from conftest import isolated_settings, memory_store, wait_for
 from worker_rig import RunningWorker
 
-from embedstream.bench.corpus import documents
+from embedstream.corpus import documents
 from embedstream.engine.engine import EmbedRequest
 from embedstream.vectorstore.base import VectorSpec
 from embedstream.reindex import ReindexError, Reindexer, ReindexPlan

@@ -8,7 +8,7 @@ import pytest
 from conftest import isolated_settings, make_engine, read_dead_letters, wait_for
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.vectorstore.factory import open_store
 from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient

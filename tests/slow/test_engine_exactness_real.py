@@ -7,7 +7,7 @@ import pytest
 from conftest import make_engine
 from exactness import _min_cos, _vectors
 
-from embedstream.bench.corpus import mixed_length_texts, stdlib_paragraphs
+from embedstream.corpus import mixed_length_texts, stdlib_paragraphs
 from embedstream.engine.engine import ScoreRequest
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import make_engine
 
-from embedstream.bench.corpus import mixed_length_texts
+from embedstream.corpus import mixed_length_texts
 from embedstream.config import EngineSettings
 from embedstream.engine import calibrate
 from embedstream.engine.backends.linear import StaticInt8Linear, onednn_int8_available

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import make_engine
 
-from embedstream.bench.corpus import mixed_length_texts
+from embedstream.corpus import mixed_length_texts
 from embedstream.engine.backends import openvino_encoder
 from embedstream.engine.backends.linear import cpu_has_native_bf16
 from embedstream.engine.backends.openvino_encoder import length_groups

@@ -12,7 +12,7 @@ import tiny_models
 from conftest import make_engine
 from exactness import _min_cos, _vectors
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.config import ModelConfig
 from embedstream.engine.errors import ConfigError
 from embedstream.engine.model_spec import build_spec, output_dimensions

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import make_engine
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.config import EngineSettings
 from embedstream.engine.backends.linear import DenseLinear, Int8Linear, make_linear
 from embedstream.engine.engine import EmbedRequest, Engine

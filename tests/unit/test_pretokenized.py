@@ -16,7 +16,7 @@ from conftest import make_engine
 from tiny_models import MINILM
 from tokenizers import Tokenizer
 
-from embedstream.bench.corpus import documents
+from embedstream.corpus import documents
 from embedstream.engine.engine import EmbedRequest
 from embedstream.engine.tokenize import tokenizer_fingerprint
 from embedstream.producers.chunker import Chunker

@@ -8,7 +8,7 @@ import pytest
 import tiny_models
 from conftest import make_engine
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.engine.engine import ScoreRequest
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import make_engine
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.engine.engine import EmbedRequest
 from embedstream.vectorstore.factory import open_store
 from embedstream.schemas import ChunkEvent

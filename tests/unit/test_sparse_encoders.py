@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from embedstream.bench.corpus import stdlib_paragraphs
+from embedstream.corpus import stdlib_paragraphs
 from embedstream.config import ModelConfig, Settings
 from embedstream.engine.engine import EmbedRequest, Engine
 from embedstream.engine.errors import ConfigError
