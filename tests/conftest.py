@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
+import run_rig  # noqa: E402
 import tiny_models  # noqa: E402
 
 from embedstream.config import EngineSettings, ModelConfig  # noqa: E402
@@ -42,6 +43,47 @@ def tiny_qwen3_dir(model_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_ce_dir(model_dir) -> Path:
     return tiny_models.build_tiny_cross_encoder(model_dir / "tiny-ce")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler set-up, which writes to a stderr the capture hides
+def pytest_configure(config):
+    """The run's leash (whatever the run starts dies with it, even killed -9) and its evidence files."""
+    from embedstream.devkafka import leash
+
+    leash.hold()
+    run_rig.Evidence.begin()
+
+
+def pytest_unconfigure(config):
+    run_rig.Evidence.end()
+
+
+def pytest_runtest_logstart(nodeid):
+    run_rig.Evidence.current.started(nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.failed or report.when == "call":
+        run_rig.Evidence.current.outcome(f"{report.when}:{report.outcome}")
+
+
+def pytest_runtest_logfinish(nodeid):
+    run_rig.Evidence.current.finished(nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    dumps = run_rig.Evidence.current.hang_dumps()
+    if dumps:
+        terminalreporter.write_sep("-", "stack dumps of tests that ran long (py-spy dump --native)")
+        for path in dumps:
+            terminalreporter.write_line(str(path))
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_running():
+    """Every test ends with no worker thread, child process or service it started still running."""
+    with run_rig.nothing_left_running():
+        yield
 
 
 _FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc")}

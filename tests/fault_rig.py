@@ -164,6 +164,8 @@ def _spawn_worker(settings, store_path, metrics_port: int, log_path):
     import subprocess
     import sys
 
+    from process_rig import popen
+
     k = settings.kafka
     env = dict(os.environ)
     env.update({
@@ -177,10 +179,9 @@ def _spawn_worker(settings, store_path, metrics_port: int, log_path):
         "TOKENIZERS_PARALLELISM": "false",
     })
     log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", "bulk",
-                             "--metrics-port", str(metrics_port)],
-                            env=env, cwd=str(store_path.parent), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    return popen([sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", "bulk",
+                  "--metrics-port", str(metrics_port)],
+                 env=env, cwd=str(store_path.parent), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 _BROKER_DOWN_S = 35

@@ -2,7 +2,8 @@
 
 Every process started here carries a marker in its environment (``EMBEDSTREAM_TEST_MARK``); processes
 inherit it (the dev broker's JVM too), so ``leftovers(mark)`` lists exactly what a command started and
-did not stop, whoever else runs on the machine.
+did not stop, whoever else runs on the machine. Every process a test starts goes through ``popen``: it is
+bound to the test run (``embedstream.devkafka.leash``), so it dies with the run however the run ends.
 """
 
 from __future__ import annotations
@@ -17,7 +18,21 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from embedstream.devkafka import leash
+
 CLI = [sys.executable, "-m", "embedstream.cli"]
+
+
+def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen`` bound to the test run: the process dies with the run, even if the run is killed -9."""
+    proc = subprocess.Popen(cmd, **kwargs)
+    try:
+        leash.bind(proc.pid)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
 
 
 def command_env(tmp: Path, bootstrap: str | None = None, **extra: str) -> dict[str, str]:
@@ -49,7 +64,14 @@ def leftovers(mark: str) -> list[int]:
 
 
 def run(args: list[str], env: dict[str, str], timeout_s: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout_s)
+    proc = popen([*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if check and done.returncode != 0:
         raise AssertionError(f"embedstream {' '.join(args)} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
     return done
@@ -64,7 +86,7 @@ class Service:
 
     def __enter__(self) -> Service:
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([*CLI, *self.args], env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = popen([*CLI, *self.args], env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         return self
 
     def alive(self) -> bool:

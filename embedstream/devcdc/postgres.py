@@ -4,7 +4,8 @@ Layout of a data dir (default ``/tmp/embedstream-postgres/<port>`` as root, else
 ``~/.cache/embedstream/postgres-data/<port>``)::
 
     pgdata/          the cluster (initdb once; its postgresql.conf gets the CDC settings appended)
-    postgres.log     the server's log (pg_ctl -l)
+    postgres.log     the server's log (its output)
+    launcher.pid     the process that launched it (devkafka.process.spawn: bound to its owner, if any)
 
 PostgreSQL refuses to run as root, so as root the cluster belongs to the ``postgres`` user that
 Debian's package creates, and its data dir lives where that user can reach it (not under /root).
@@ -23,12 +24,13 @@ from pathlib import Path
 
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.layout import CACHE_ROOT, file_lock, file_tail, tail_text
-from embedstream.devkafka.process import pid_alive
+from embedstream.devkafka.process import EXIT_CODES, pid_alive, spawn, terminate
 
 DEFAULT_PORT = 5432
 DEFAULT_DB = "embedstream"
 SUPERUSER = "postgres"
 HOST = "127.0.0.1"
+LAUNCHER_PID = "launcher.pid"  # the process spawn() started: the postmaster, or runuser around it as root
 OS_USER = "postgres"  # who owns the cluster when we run as root
 INSTALL_HINT = "install PostgreSQL (Debian: apt-get install -y postgresql) or set EMBEDSTREAM_PG_BIN"
 
@@ -153,19 +155,35 @@ def start(port: int = DEFAULT_PORT, data_dir: Path | str | None = None, database
                 conf.write("\n# embedstream CDC rig\n" + "".join(f"{k} = '{v}'\n" for k, v in CDC_SETTINGS.items()))
         pid = live_pid(root)
         if pid is None:
-            options = f"-p {port} -c listen_addresses={HOST} -c unix_socket_directories={pgdata}"
-            _run(_as_owner([str(bindir / "pg_ctl"), "-D", str(pgdata), "-l", str(root / "postgres.log"), "-w",
-                            "-t", str(int(wait_s)), "-o", options, "start"]),
-                 f"starting PostgreSQL on {HOST}:{port} (log {root / 'postgres.log'}: "
-                 f"{file_tail(root / 'postgres.log', 5)})", timeout_s=wait_s + 30)
-            pid = live_pid(root)
-            if pid is None:
-                raise DevKafkaError(f"PostgreSQL started but wrote no postmaster.pid; see {root / 'postgres.log'}")
+            (pgdata / "postmaster.pid").unlink(missing_ok=True)  # stale: its postmaster is gone
+            cmd = _as_owner([str(bindir / "postgres"), "-D", str(pgdata), "-p", str(port),
+                             "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={pgdata}"])
+            launcher = spawn(cmd, root, root / "postgres.log", root / LAUNCHER_PID)
+            pid = _wait_ready(root, launcher, port, wait_s)
     info = PostgresInfo(port, pid, root, database)
     if database != "postgres" and not psql(info, f"SELECT 1 FROM pg_database WHERE datname = '{database}'",
                                           database="postgres").strip():
         psql(info, f'CREATE DATABASE "{database}"', database="postgres")
     return info
+
+
+def _wait_ready(root: Path, launcher: int, port: int, wait_s: float) -> int:
+    """The postmaster's pid once it accepts connections (its postmaster.pid says ``ready``)."""
+    deadline = time.monotonic() + wait_s
+    where = f"PostgreSQL on {HOST}:{port} (log {root / 'postgres.log'})"
+    while True:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            lines = (root / "pgdata" / "postmaster.pid").read_text().splitlines()
+            if len(lines) > 7 and lines[7].strip() == "ready":
+                return int(lines[0])
+        if not pid_alive(launcher):
+            code = EXIT_CODES.get(launcher)
+            raise DevKafkaError(f"{where} exited (code {code}) while starting:\n{file_tail(root / 'postgres.log', 10)}")
+        if time.monotonic() >= deadline:
+            terminate(launcher, 10.0)
+            raise DevKafkaError(f"{where} did not accept connections within {wait_s:.0f} s:\n"
+                                f"{file_tail(root / 'postgres.log', 10)}")
+        time.sleep(0.1)
 
 
 def psql(info: PostgresInfo, sql: str, database: str | None = None) -> str:
@@ -182,7 +200,18 @@ def stop(port: int = DEFAULT_PORT, data_dir: Path | str | None = None, mode: str
         return False
     _run(_as_owner([str(bin_dir() / "pg_ctl"), "-D", str(root / "pgdata"), "-m", mode, "-w", "stop"]),
          "stopping PostgreSQL")
+    _reap_launcher(root)
     return True
+
+
+def _reap_launcher(root: Path) -> None:
+    """Wait for the launched process (the postmaster, or runuser around it) to exit, so none lingers as a zombie."""
+    with contextlib.suppress(OSError, ValueError):
+        launcher = int((root / LAUNCHER_PID).read_text())
+        deadline = time.monotonic() + 10
+        while pid_alive(launcher) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (root / LAUNCHER_PID).unlink(missing_ok=True)
 
 
 def kill(data_dir: Path | str) -> bool:
@@ -195,6 +224,7 @@ def kill(data_dir: Path | str) -> bool:
     deadline = time.monotonic() + 30
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
+    _reap_launcher(root)
     return True
 
 

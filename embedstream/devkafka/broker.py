@@ -8,6 +8,7 @@ import ssl
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from embedstream.devkafka import leash
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.jars import ensure_jars, kafka_version
 from embedstream.devkafka.jvm import JVM_CRASH_CODES, discard_cds_archive, finish_cds_dump, find_java
@@ -231,8 +232,11 @@ def status(port: int = DEFAULT_PORT, data_dir: Path | str | None = None) -> dict
 @contextlib.contextmanager
 def borrowed(port: int = DEFAULT_PORT, data_dir: Path | str | None = None, **start_options) -> Iterator[BrokerInfo]:
     """A broker for the length of a ``with``: one found answering is used and left running; one started
-    here is stopped however the block ends (an error, Ctrl-C). What the demo and every benchmark use."""
+    here is stopped however the block ends (an error, Ctrl-C), and is bound to this process (``leash``), so
+it dies with it even when it is killed -9. What the demo and every benchmark use."""
     started_here = not status(port=port, data_dir=data_dir).get("answering")
+    if started_here:
+        leash.ensure()  # what this process starts from here on dies with it, even killed -9
     info = start(port=port, data_dir=data_dir, **start_options)
     try:
         yield info

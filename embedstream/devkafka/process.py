@@ -1,4 +1,8 @@
-"""The broker process: launching it detached, finding it again (pid file or /proc), stopping it."""
+"""The broker process: launching it detached, finding it again (pid file or /proc), stopping it.
+
+``spawn`` is the one launch of every dev service (the broker, Kafka Connect, PostgreSQL): each is bound
+to its owner there (``leash.bind``: a test run, a command that borrowed a broker), so it dies with the
+owner however the owner ends; outside an owner (``embedstream dev kafka start``) it outlives the command."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from embedstream.devkafka import leash
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.jvm import JVM_OPTS, cds_jvm_opts
 from embedstream.devkafka.layout import Layout, write_text
@@ -117,7 +122,8 @@ def launch(java: str, libs: Path, layout: Layout) -> int:
 
 
 def spawn(cmd: list[str], cwd: Path, console_log: Path, pid_file: Path) -> int:
-    """Start ``cmd`` detached (own session, output appended to console_log) and record its pid."""
+    """Start ``cmd`` detached (own session, output appended to console_log), bind it to the owner in force
+    (if any) and record its pid."""
     with open(console_log, "ab") as out:
         out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
         out.flush()
@@ -126,6 +132,11 @@ def spawn(cmd: list[str], cwd: Path, console_log: Path, pid_file: Path) -> int:
             start_new_session=True, close_fds=True,
         )
     _CHILDREN[proc.pid] = proc
+    try:
+        leash.bind(proc.pid)
+    except OSError as exc:  # an owner is in force but its leash is gone: nothing would stop this process
+        terminate(proc.pid, 5.0)
+        raise DevKafkaError(str(exc)) from None
     write_text(pid_file, f"{proc.pid}\n")
     return proc.pid
 

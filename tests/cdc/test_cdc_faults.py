@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from cdc_pipeline import Rig, expected_state
 from conftest import read_dead_letters, wait_for
+from process_rig import popen
 
 from embedstream.devcdc import connect, postgres
 from embedstream.producers.chunker import Chunker
@@ -38,7 +39,7 @@ def bridge_process(rig: Rig, instance_id: str) -> subprocess.Popen:
     cmd = [str(Path(sys.executable).parent / "embedstream"), "worker", "cdc", "--topic", rig.topic, "--id-field", "id",
            "--text-fields", "title,body", "--metadata-fields", "status", "--chunk-tokens", "64", "--overlap", "0",
            "--metrics-port", "0", "--instance-id", instance_id]
-    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+    return popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
 class Writer(threading.Thread):
