@@ -10,6 +10,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One torch thread in the test process and the processes it starts (EMBEDSTREAM_TEST_TORCH_THREADS): on a
+# busy 2-vCPU host two OpenMP threads wait on each other at every barrier; a MiniLM pass over 59 texts took
+# 2.3-3x the wall time and 2.6x the CPU time at 2 threads (load 21-25). Vectors are the same either way
+# (the exactness tests compare at cos >= 0.9999); tests that need threads set them (EngineSettings.threads).
+TORCH_THREADS = int(os.environ.get("EMBEDSTREAM_TEST_TORCH_THREADS", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(TORCH_THREADS))
 sys.path.insert(0, str(Path(__file__).parent))
 
 import run_rig  # noqa: E402
@@ -18,6 +24,9 @@ import tiny_models  # noqa: E402
 from embedstream.config import EngineSettings, ModelConfig  # noqa: E402
 from embedstream.engine.engine import Engine  # noqa: E402
 from embedstream.engine.model_spec import build_spec  # noqa: E402
+from embedstream.engine.runner import set_threads  # noqa: E402
+
+set_threads(TORCH_THREADS)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ class Running:
 
     def __init__(self, worker):
         self.worker = worker
-        self.thread = threading.Thread(target=worker.run, daemon=True)
+        self.thread = threading.Thread(target=worker.run, name=f"embedstream-{worker.name}", daemon=True)
 
     def __enter__(self):
         self.thread.start()
