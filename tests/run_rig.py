@@ -142,12 +142,14 @@ class Evidence:
 
 # -- the leak guard ---------------------------------------------------------------------------------------
 def _counts(thread: threading.Thread) -> bool:
-    """A thread that must not outlive its test: not a daemon, or one of ours (a worker, a stage, a server)."""
-    if not thread.daemon:
-        return True
+    """A thread that must not outlive its test: one of ours (a worker, a stage, a server), or a non-daemon one
+    (it would hold the interpreter at exit), except a library's idle executor worker (transformers loads
+    weights on a pool it shuts down without waiting; Python stops such workers at exit)."""
     target = getattr(thread, "_target", None)
     module = getattr(target, "__module__", None) or type(thread).__module__
-    return thread.name.startswith("embedstream") or module.split(".")[0] in _THREAD_MODULES
+    if thread.name.startswith("embedstream") or module.split(".")[0] in _THREAD_MODULES:
+        return True
+    return not thread.daemon and module != "concurrent.futures.thread"
 
 
 def _children() -> set[int]:
