@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 
@@ -148,8 +149,20 @@ def _counts(thread: threading.Thread) -> bool:
     target = getattr(thread, "_target", None)
     module = getattr(target, "__module__", None) or type(thread).__module__
     if thread.name.startswith("embedstream") or module.split(".")[0] in _THREAD_MODULES:
-        return True
+        return _stopped(getattr(target, "__self__", None))
     return not thread.daemon and module != "concurrent.futures.thread"
+
+
+def _stopped(owner) -> bool:
+    """Whether the worker a thread serves was asked to stop (its loop, or a stage of it). A worker not asked
+    to stop belongs to a fixture that outlives the test (a module's gateway stack starts its stages after
+    the test began); threads with no worker to ask count as soon as they outlive their test."""
+    from embedstream.workers.stages import Stage
+
+    if isinstance(owner, Stage):
+        return bool(owner._halted())
+    stop = getattr(owner, "stop_event", None)
+    return stop.is_set() if stop is not None else True
 
 
 def _children() -> set[int]:
@@ -211,7 +224,10 @@ def nothing_left_running():
             break
         time.sleep(0.1)
     if stray or strays:
-        what = [f"thread {t.name!r} (daemon={t.daemon}, target={getattr(t, '_target', None)!r})" for t in stray]
+        frames = sys._current_frames()
+        what = [f"thread {t.name!r} (daemon={t.daemon}, target={getattr(t, '_target', None)!r}), now in:\n"
+                + "".join(traceback.format_stack(frames[t.ident], limit=12)) if t.ident in frames else
+                f"thread {t.name!r} (daemon={t.daemon})" for t in stray]
         what += [f"process {_describe(pid)}" for pid in sorted(strays)]
         for pid in strays:
             with contextlib.suppress(ProcessLookupError, PermissionError):
