@@ -378,3 +378,47 @@ def test_a_slow_sink_holds_intake_back_through_the_bounded_queues(kafka_bootstra
     assert max(tokens for _, tokens, _ in samples) < settings.worker.max_queue_tokens + len(events) * 16
     assert blocked > 0.5  # the model stage waited for the output stage
     assert {p.payload["doc_id"] for p in store.scroll("docs")} == {e.doc_id for e in events}
+
+
+class EndlessPass:
+    """The real engine, except that a bulk pass runs until released, yielding at its layer checkpoints as the
+    packed CPU encoders do (a MiniLM pass of 8,192 tokens took 30-45 s on a 2-vCPU host at load 28-30)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def forward(self, prepared, timings):
+        from embedstream.engine.yield_points import checkpoint
+
+        self.entered.set()
+        while not self.release.wait(0.02):
+            checkpoint()
+        return self.engine.forward(prepared, timings)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_stop_is_honoured_between_the_layers_of_a_long_bulk_pass(kafka_bootstrap, tiny_bert_dir):
+    """Stop mid-pass: the model stage gives the pass up at its next checkpoint and ends with the worker, its
+    records uncommitted (the next owner embeds them). Before, it ran on after the worker had closed (its
+    join gave up after 30 s): a thread of a stopped worker still running the model, in a test process
+    into the next test, in a worker process into the interpreter's shutdown."""
+    settings = isolated_settings(kafka_bootstrap, "midpass")
+    ensure_topics(settings.kafka, partitions=1)
+    topic = settings.kafka.topic_chunks_bulk
+    _send(settings, topic, [encode(ChunkEvent(doc_id=f"m{i}", chunk_id=0, text=f"a long pass {i}")) for i in range(3)])
+    engine = EndlessPass(make_engine(tiny_bert_dir))
+    store = memory_store()
+    running = RunningWorker(settings, engine, store, lanes=("bulk",))
+    try:
+        with running as worker:
+            wait_for(engine.entered.is_set, 60, "the bulk pass to start")
+        assert not [s.name for s in worker.running_stages if s.thread.is_alive()], "a stage outlived its worker"
+    finally:
+        engine.release.set()
+    assert worker.failure is None
+    assert not store.collection_exists("docs") or store.count("docs") == 0
+    assert _committed(settings, topic, settings.kafka.group_bulk) == 0
