@@ -63,6 +63,15 @@ def leftovers(mark: str) -> list[int]:
     return found
 
 
+def command_line(pid: int) -> str:
+    """The process's argv joined by spaces ("" once it is gone)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    return " ".join(a.decode(errors="replace") for a in argv if a)
+
+
 def run(args: list[str], env: dict[str, str], timeout_s: float = 600, check: bool = True) -> subprocess.CompletedProcess:
     proc = popen([*CLI, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -202,11 +202,9 @@ def _new_services(before: dict[int, str]) -> list[int]:
 
 
 def _describe(pid: int) -> str:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return str(pid)
-    return f"{pid} ({b' '.join(argv).decode(errors='replace')[:200].strip()})"
+    from process_rig import command_line
+
+    return f"{pid} ({command_line(pid)[:200]})"
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from process_rig import command_env, leftovers, popen, wait_until
+from process_rig import command_env, command_line, leftovers, popen, wait_until
 
 from embedstream import devkafka
 from embedstream.devcdc import postgres
@@ -56,14 +56,7 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 def _names(pids: list[int]) -> list[str]:
-    out = []
-    for pid in pids:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        out.append(" ".join(a.decode(errors="replace") for a in argv if a))
-    return out
+    return [line for line in map(command_line, pids) if line]
 
 
 @pytest.fixture
