@@ -96,13 +96,26 @@ def _nothing_left_running():
 
 
 _FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc")}
+# Tests outside slow/ that take a minute or more each on a busy 2-vCPU host (--durations, load 19-25): every
+# command as its own processes on a fresh broker, or an int8 calibration. Marked slow here, by path, so
+# ``-m "not slow"`` is the quick loop; scripts/test.sh runs them all.
+_SLOW_PATHS = (
+    "kafka/test_quick_starts.py",  # 8 tests, 45-150 s each
+    "kafka/test_command_cleanup.py",  # 5 tests, 20-75 s each
+    "kafka/test_hybrid_cli.py",  # 68-135 s
+    "kafka/test_pretokenized_kafka.py::test_bench_host_smoke",  # 70 s
+    "unit/test_openvino_backend.py::test_minilm_openvino_int8_keeps_cosine_on_the_bench_corpus",  # 300-360 s
+    "unit/test_openvino_backend.py::test_int8_is_calibrated_once_cached_next_to_the_model_and_reused",  # 72 s
+    "unit/test_int8_static.py::test_minilm_static_int8_keeps_cosine_on_the_bench_corpus",  # 117 s at 2 threads
+)
 
 
 def pytest_collection_modifyitems(config, items):
     """A test's folder says what it needs: ``unit/`` no service (some load the offline weights that the
     set-up installs, never a hub), ``kafka/`` the local broker, ``slow/`` time
     (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker). The
-    folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"`` and ``-m "not cdc"`` select by it."""
+    folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"`` and ``-m "not cdc"`` select by it
+    (``_SLOW_PATHS``: the long tests of the other folders are marked slow too)."""
     root = Path(__file__).parent
     for item in items:
         try:
@@ -111,6 +124,8 @@ def pytest_collection_modifyitems(config, items):
             continue
         for mark in _FOLDER_MARKS.get(folder, ()):
             item.add_marker(getattr(pytest.mark, mark))
+        if item.nodeid.removeprefix("tests/").startswith(_SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
 
 
 def make_engine(path: Path, name: str = "m", **cfg) -> Engine:
