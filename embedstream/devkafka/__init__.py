@@ -10,7 +10,8 @@ One module per job:
 * ``jvm``: the Java 17+ runtime, JVM flags, the class-data sharing archive
 * ``layout``: the data dir's files (see there for the layout)
 * ``storage``: server.properties, log4j2.properties, formatting the KRaft storage once
-* ``process``: launching, finding and stopping the broker process
+* ``process``: launching (``spawn``: every dev service), finding and stopping the broker process
+* ``leash``: what a test run or a command that borrowed a broker starts dies with it, even killed -9
 * ``probe``: readiness over the wire (raw ApiVersions + Metadata; stdlib only)
 * ``broker``: start / stop / restart / status; ``borrowed`` (started here: stopped on the way out)
 * ``cli``: ``python -m embedstream.devkafka start|stop|restart|status|jars [--port N]``
