@@ -22,6 +22,7 @@ from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
 from embedstream.config import ModelConfig, Settings
+from embedstream.docsite.markdown import cell
 
 REGISTRY_FIELD = "models"  # the top-level dict of ModelConfig entries: documented key by key
 
@@ -83,11 +84,11 @@ def render_markdown(root: type[BaseSettings] = Settings) -> str:
     """The reference as Markdown: one heading and one table per section."""
     out: list[str] = []
     for section in sections(root):
-        out += [f"## {section.title}", "", _cell_text(section.intro), "",
+        out += [f"## {section.title}", "", cell(section.intro), "",
                 "| setting | type | default | description |", "|---|---|---|---|"]
         for row in section.settings:
             env = row.env if row.env.startswith("`") else f"`{row.env}`"
-            out.append(f"| {env} | {_cell_text(row.type)} | {row.default} | {_cell_text(row.description or '')} |")
+            out.append(f"| {env} | {cell(row.type)} | {row.default} | {cell(row.description or '')} |")
         out.append("")
     return "\n".join(out)
 
@@ -167,16 +168,6 @@ def _default_text(field: FieldInfo) -> str:
     if isinstance(value, int) and value >= 1024 and value % (1024 * 1024) == 0:
         return f"`{value}` ({value // (1024 * 1024)} MiB)"
     return f"`{value}`" if str(value) else '`""`'
-
-
-def _cell_text(text: str) -> str:
-    """Text for a Markdown table cell: outside code spans, pipes, emphasis characters and HTML-looking brackets
-    are escaped (a code span keeps its text as is); line breaks are joined."""
-    parts = " ".join(text.split()).replace("``", "`").split("`")  # docstrings' reST literals: Markdown code
-    for i in range(0, len(parts), 2):  # even parts are outside backticks
-        parts[i] = (parts[i].replace("\\", "\\\\").replace("<", "&lt;").replace("*", "\\*").replace("_", "\\_")
-                    .replace("|", "\\|"))
-    return "`".join(parts)
 
 
 def main() -> None:
