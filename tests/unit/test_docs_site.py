@@ -4,6 +4,7 @@ the generated pages are generated), and a broken link fails that build."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,3 +42,31 @@ def test_a_link_to_nothing_fails_the_build(tmp_path):
     done = _build(copy, tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-heading" in done.stderr and "no-such-page.md" in done.stderr, done.stderr[-4000:]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_the_readme_is_a_front_page_with_the_two_commands_first():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    commands = [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+                for line in block.splitlines() if line.split("#")[0].strip()]
+    assert commands[:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+
+
+def test_the_readmes_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert local, "the README links into the documentation"
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = (ROOT / path) if path else ROOT / "README.md"
+        assert target.exists(), f"README links to {link}: no such file"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"README links to {link}: no such heading"
