@@ -1,7 +1,7 @@
 """Prometheus metrics of a worker: every stage timed apart, lanes and models labelled.
 
 Names follow text-embeddings-inference's spirit (queue, tokenization, inference, batch size and
-tokens) under the ``embedstream_`` prefix; the README lists them all. Each worker owns a registry
+tokens) under the ``embedstream_`` prefix; docs/operations/metrics.md lists them all. Each worker owns a registry
 so several workers can live in one process (tests, all-in-one deployments).
 """
 
