@@ -128,7 +128,10 @@ class KafkaSettings(BaseModel):
     topic_queries: str = "embedstream.queries"
     topic_replies: str = "embedstream.replies"
     topic_rerank: str = "embedstream.rerank"
-    topic_search: str = "embedstream.search"
+    topic_search: str = Field(
+        default="embedstream.search",
+        description="The rerank workers' search topic (searches a collection's owner hands on for a rerank), and the "
+                    "prefix of every collection's own search topic, <topic_search>.<collection> (issue #34)")
     topic_dead_letters: str = "embedstream.dead-letters"
     topic_documents: str = Field(
         default="embedstream.documents", description="Compacted log of full documents (key = doc_id): re-index source"
@@ -137,8 +140,10 @@ class KafkaSettings(BaseModel):
     group_bulk: str = "embedstream-embed-bulk"
     group_rerank: str = "embedstream-rerank"
     group_cdc: str = Field(default="embedstream-cdc", description="Consumer group of the CDC bridge (Debezium topics)")
-    group_search: str = Field(default="embedstream-search",
-                              description="Consumer group of the embed workers' vector search (search requests without rerank)")
+    group_search: str = Field(
+        default="embedstream-search",
+        description="Prefix of a deployment's search group, <group_search>.<collection>: the embed workers writing "
+                    "that collection answer its searches (vector order, or handed on to the rerank workers)")
     create_topics: bool = Field(
         default=True,
         description="Workers create the project's topics they consume when missing (partition defaults of "

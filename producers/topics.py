@@ -85,3 +85,10 @@ def ensure_topics(
         return created
     finally:
         admin.close()
+
+
+def is_project_topic(settings: KafkaSettings, topic: str) -> bool:
+    """One of the project's topics (``all_topics``, or a collection's search topic): workers may create it."""
+    from embedstream.producers.search_routing import is_search_topic
+
+    return topic in all_topics(settings) or is_search_topic(settings, topic)

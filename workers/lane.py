@@ -22,7 +22,7 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.producers.topics import all_topics, ensure_topics
+from embedstream.producers.topics import ensure_topics, is_project_topic
 from embedstream.schemas import ErrorInfo
 from embedstream.workers.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
                                           group_joined, missing_topics, new_consumer, subscribe)
@@ -146,7 +146,7 @@ class Lane:
         """Create the project's missing topics where the broker allows it, subscribe to the lane's topics that exist.
 
         Checked every second while a topic is missing, never once all exist. The project's own topics
-        (``producers.topics.all_topics``) are created with its partition defaults unless
+        (``producers.topics.is_project_topic``) are created with its partition defaults unless
         ``kafka.create_topics`` is off or the broker refuses (an ACL, a policy: said once, then waited
         for); a foreign topic (a Debezium source) is only waited for. Subscribing to the existing ones
         first and re-subscribing as others appear, rather than waiting for all: an online lane whose
@@ -161,7 +161,7 @@ class Lane:
             return
         self._next_topic_check = now + 1.0
         missing = missing_topics(self.kafka, self.topics)
-        creatable = [topic for topic in missing if topic in all_topics(self.kafka)] if self._may_create else []
+        creatable = [topic for topic in missing if is_project_topic(self.kafka, topic)] if self._may_create else []
         if creatable:
             try:
                 ensure_topics(self.kafka, topics=creatable)
@@ -250,6 +250,10 @@ class Lane:
 
     def reply(self, record, request, reply, handle: list, metrics_lane: str | None = None) -> None:
         self.outbox.reply(record, request, reply, handle, metrics_lane or self.name)
+
+    def forward(self, record, topic: str, request, handle: list) -> None:
+        """Hand the request on to the workers that answer it on ``topic``."""
+        self.outbox.forward(record, topic, request, handle, self.name)
 
     # -- offsets and ownership ------------------------------------------------------------------
     def commit(self, wait: bool = True) -> None:
