@@ -24,6 +24,7 @@ from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.producers.topics import ensure_topics, is_project_topic
 from embedstream.schemas import ErrorInfo
+from embedstream.vectorstore.faults import store_fault
 from embedstream.workers.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
                                           group_joined, missing_topics, new_consumer, subscribe)
 from embedstream.workers.offsets import OffsetTracker
@@ -338,21 +339,20 @@ TRANSIENT, PERMANENT, UNKNOWN = "transient", "permanent", "unknown"
 def failure_kind(exc: BaseException) -> str:
     """Classify a failed write (sink upsert/delete, publish) for the records in it.
 
-    transient: the target is away or busy (connection refused, timeouts, 5xx/429, a retriable
-    Kafka error): back off and keep the offset, however long it takes. permanent: the target
-    rejected what was sent (invalid collection name, vector config mismatch, a 4xx, a
-    non-retriable Kafka error such as a record too large): dead-letter the record with the
-    reason. unknown: retried like a transient error, but only up to ``record_retry_limit_s``.
+    transient: the target is away or busy (a broker or a Qdrant node down, a cluster fault, timeouts,
+    5xx/429, a retriable Kafka error): back off and keep the offset, however long it takes. permanent:
+    the target rejected what was sent (invalid collection name, vector config mismatch, a 4xx, a
+    non-retriable Kafka error such as a record too large): dead-letter the record with the reason.
+    unknown: retried like a transient error, but only up to ``record_retry_limit_s``. What a store
+    client's errors mean is the store's knowledge (``vectorstore.faults.store_fault``).
     """
     seen = 0
     while exc is not None and seen < 5:  # wrappers (PublishError) carry the client's error as the cause
         if isinstance(exc, KafkaError):
             return TRANSIENT if exc.retriable else PERMANENT
-        status = getattr(exc, "status_code", None)  # qdrant-client's UnexpectedResponse, httpx
-        if isinstance(status, int):
-            return TRANSIENT if status >= 500 or status in (408, 429) else PERMANENT
-        if type(exc).__name__ in ("ResponseHandlingException", "StoreLockedError", "TransportError"):
-            return TRANSIENT
+        kind = store_fault(exc)
+        if kind is not None:
+            return kind
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return TRANSIENT
         if isinstance(exc, (ValueError, TypeError, KeyError)):
