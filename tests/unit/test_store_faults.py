@@ -59,20 +59,14 @@ RECORD_REJECTIONS = [
 ]
 
 
-@pytest.mark.parametrize("status, message", CLUSTER_FAULTS)
-def test_a_cluster_fault_answered_over_rest_is_transient(status, message):
+@pytest.mark.parametrize("status, message, kind", [(*case, TRANSIENT) for case in CLUSTER_FAULTS]
+                         + [(*case, PERMANENT) for case in RECORD_REJECTIONS])
+def test_qdrant_answers_over_rest_are_classified_by_status_and_message(status, message, kind):
+    """A cluster fault is transient; a record the server rejects is permanent."""
     with ErrorEndpoint(0, status, message) as endpoint:
         exc = _upsert_error(_rest(endpoint.port))
     assert isinstance(exc, UnexpectedResponse) and exc.status_code == status
-    assert failure_kind(exc) == TRANSIENT, str(exc)
-
-
-@pytest.mark.parametrize("status, message", RECORD_REJECTIONS)
-def test_a_record_the_server_rejects_over_rest_is_permanent(status, message):
-    with ErrorEndpoint(1, status, message) as endpoint:
-        exc = _upsert_error(_rest(endpoint.port))
-    assert isinstance(exc, UnexpectedResponse) and exc.status_code == status
-    assert failure_kind(exc) == PERMANENT, str(exc)
+    assert failure_kind(exc) == kind, str(exc)
 
 
 def test_a_rate_limit_with_retry_after_is_transient():
