@@ -92,3 +92,10 @@ def is_project_topic(settings: KafkaSettings, topic: str) -> bool:
     from embedstream.producers.search_routing import is_search_topic
 
     return topic in all_topics(settings) or is_search_topic(settings, topic)
+
+
+def deployment_topics(settings) -> list[str]:
+    """Every topic of a deployment (``embedstream.config.Settings``): ``all_topics`` and its collection's search topic."""
+    from embedstream.producers.search_routing import search_topic
+
+    return [*all_topics(settings.kafka), search_topic(settings.kafka, settings.qdrant.collection)]

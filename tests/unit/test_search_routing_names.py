@@ -3,9 +3,9 @@ collection, the sender's default for a search naming none, names that fit Kafka'
 
 from __future__ import annotations
 
-from embedstream.config import KafkaSettings
+from embedstream.config import KafkaSettings, QdrantSettings, Settings
 from embedstream.producers.search_routing import route, search_group, search_topic, serves
-from embedstream.producers.topics import is_project_topic
+from embedstream.producers.topics import deployment_topics, is_project_topic
 from embedstream.schemas.bounds import MAX_TOPIC_CHARS
 from embedstream.schemas.rerank import SearchRequest
 
@@ -20,6 +20,8 @@ def test_each_collection_has_its_own_topic_and_group_and_its_versions_share_them
         search_group(KAFKA, "docs")
     assert serves("docs", "docs_v2") and serves("docs", None) and not serves("docs_scalar", "docs_u8")
     assert is_project_topic(KAFKA, search_topic(KAFKA, "docs_u8")) and not is_project_topic(KAFKA, "other.search")
+    settings = Settings(qdrant=QdrantSettings(collection="docs_u8"))
+    assert deployment_topics(settings)[-1] == "embedstream.search.docs_u8"  # created with the others (compose)
 
 
 def test_a_search_naming_no_collection_goes_to_the_senders_default():
