@@ -17,6 +17,7 @@ from worker_rig import Running, RunningWorker
 
 from embedstream.cli import app
 from embedstream.config import QdrantSettings
+from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
 from embedstream.workers.metrics import WorkerMetrics
@@ -84,6 +85,8 @@ def _replies_by_request(settings) -> dict[str, list[dict]]:
 def test_each_search_is_answered_once_by_the_owner_of_its_collection(kafka_bootstrap, minilm_engine, tiny_ce_dir):
     base = isolated_settings(kafka_bootstrap, "route")
     scalar, u8 = _deployment(base, "scalar", SCALAR, "float32"), _deployment(base, "u8", U8, "uint8")
+    for settings in (scalar, u8):  # the topics before the workers: on a fresh, loaded broker leaders take a while
+        ensure_topics(settings.kafka)
     store = memory_store()  # one store for both deployments: a Qdrant server holding both collections
     ce = make_engine(tiny_ce_dir, name="tiny-ce", kind="rerank")
     reranking = base.model_copy(update={"qdrant": QdrantSettings(collection=SCALAR, versioned_collections=False),
