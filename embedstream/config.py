@@ -144,8 +144,10 @@ class KafkaSettings(BaseModel):
     topic_replies: str = Field(default="embedstream.replies",
                                description="Replies to queries, reranks and searches (key = request_id)")
     topic_rerank: str = Field(default="embedstream.rerank", description="Rerank requests (the rerank workers)")
-    topic_search: str = Field(default="embedstream.search",
-                              description="Search requests (rerank workers; embed workers answer those without rerank)")
+    topic_search: str = Field(
+        default="embedstream.search",
+        description="The rerank workers' search topic (searches a collection's owner hands on for a rerank), and the "
+                    "prefix of every collection's own search topic, <topic_search>.<collection> (issue #34)")
     topic_dead_letters: str = Field(default="embedstream.dead-letters", description="Records no worker could "
                                     "process, with the source topic/partition/offset, the raw value and the reason")
     topic_documents: str = Field(
@@ -158,8 +160,10 @@ class KafkaSettings(BaseModel):
     group_rerank: str = Field(default="embedstream-rerank", description="Consumer group of the rerank workers "
                               "(rerank and search requests)")
     group_cdc: str = Field(default="embedstream-cdc", description="Consumer group of the CDC bridge (Debezium topics)")
-    group_search: str = Field(default="embedstream-search",
-                              description="Consumer group of the embed workers' vector search (search requests without rerank)")
+    group_search: str = Field(
+        default="embedstream-search",
+        description="Prefix of a deployment's search group, <group_search>.<collection>: the embed workers writing "
+                    "that collection answer its searches (vector order, or handed on to the rerank workers)")
     create_topics: bool = Field(
         default=True,
         description="Workers create the project's topics they consume when missing (partition defaults of "

@@ -85,3 +85,17 @@ def ensure_topics(
         return created
     finally:
         admin.close()
+
+
+def is_project_topic(settings: KafkaSettings, topic: str) -> bool:
+    """One of the project's topics (``all_topics``, or a collection's search topic): workers may create it."""
+    from embedstream.producers.search_routing import is_search_topic
+
+    return topic in all_topics(settings) or is_search_topic(settings, topic)
+
+
+def deployment_topics(settings) -> list[str]:
+    """Every topic of a deployment (``embedstream.config.Settings``): ``all_topics`` and its collection's search topic."""
+    from embedstream.producers.search_routing import search_topic
+
+    return [*all_topics(settings.kafka), search_topic(settings.kafka, settings.qdrant.collection)]

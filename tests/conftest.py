@@ -104,6 +104,7 @@ def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = F
         group_online=f"{p}-online",
         group_bulk=f"{p}-bulk",
         group_rerank=f"{p}-rerank",
+        group_search=f"{p}-search",
     )
     from embedstream.config import QdrantSettings
 

@@ -23,6 +23,7 @@ from embedstream.gateway.config import GatewayOptions
 from embedstream.gateway.errors import ApiError
 from embedstream.gateway.lanes import KafkaLanes
 from embedstream.schemas.events import PromptKind, QueryReply, QueryRequest, now_ms
+from embedstream.producers.search_routing import route, search_topic
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
 
 TIMEOUT_HEADERS = ("x-request-timeout", "request-timeout", "x-stainless-read-timeout")
@@ -193,7 +194,8 @@ class Gateway:
                                     deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), **fields)
         except ValidationError as exc:
             raise invalid(exc) from None
-        (reply,) = await lanes.call("rerank", self.settings.kafka.topic_search, [request], SearchReply, deadline)
+        topic, request = route(self.settings.kafka, self.settings.qdrant.collection, request)  # its collection's owner
+        (reply,) = await lanes.call("search", topic, [request], SearchReply, deadline)
         if reply.error is not None:
             raise ApiError.from_worker(reply.error)
         return reply
@@ -217,7 +219,7 @@ class Gateway:
             "max_body_bytes": self.options.max_body_bytes,
             "max_text_bytes": engine.max_text_bytes,
             "topics": {"queries": self.settings.kafka.topic_queries, "rerank": self.settings.kafka.topic_rerank,
-                       "search": self.settings.kafka.topic_search,
+                       "search": search_topic(self.settings.kafka, self.settings.qdrant.collection),
                        "replies": self.options.reply_topic or self.settings.kafka.topic_replies},
             "version": version,
         }

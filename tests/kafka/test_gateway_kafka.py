@@ -28,7 +28,9 @@ from embedstream.producers.topics import ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.vectorstore.factory import open_store
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
+from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.search import Searcher
+from embedstream.workers.vector_search import VectorSearchWorker
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
 pytestmark = pytest.mark.kafka
@@ -69,8 +71,10 @@ def stack(kafka_bootstrap, minilm_engine, ce_engine, tiny_ce_dir, tiny_bert_dir)
     rerank_worker = RerankWorker(settings, ce_engine, RerankOptions(default_collection="docs"),
                                  searcher=Searcher(store, embedder, ce_engine, "docs"))
     options = GatewayOptions(model=MODEL, rerank_model="tiny-ce", max_inputs=2048, max_body_bytes=4_000_000)
+    # the search lane of the deployment that owns "docs": it hands searches asking for a rerank to the rerank worker
+    owner = VectorSearchWorker(settings, store, MODEL, WorkerMetrics())
     with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), _in_thread(rerank_worker), \
-            BackgroundGateway(settings, options) as gateway:
+            _in_thread(owner), BackgroundGateway(settings, options) as gateway:
         yield gateway
 
 
@@ -191,8 +195,8 @@ def test_search_returns_hits_payloads_and_stage_times(stack):
             assert float(r.headers[name]) >= 0, name
         r = http.post("/search", json={"query": "files", "collection": "docs_v9"})  # allowed, does not exist
         assert r.status_code == 404 and r.json()["code"] == "unknown_collection"
-        r = http.post("/search", json={"query": "files", "collection": "nope"})  # not on the trust allow-list
-        assert r.status_code == 403 and r.json()["code"] == "collection_not_allowed"
+        r = http.post("/search", json={"query": "files", "collection": "nope"}, headers={"x-request-timeout": "3"})
+        assert r.status_code == 504 and "nope" in r.json()["error"]  # no deployment serves it: no one's hits
 
 
 BAD = [

@@ -63,7 +63,7 @@ def test_admission_refuses_past_inflight_and_lag_bounds():
     admission.enter("rerank", 2)
     admission.leave("embed", 8)
     admission.leave("rerank", 2)
-    assert admission.inflight == {"embed": 0, "rerank": 0}
+    assert admission.inflight == {"embed": 0, "rerank": 0, "search": 0}
     admission.enter("embed", 50)  # one large request alone is let through (max_inputs bounds it)
     admission.leave("embed", 50)
     lag.value = 101
