@@ -1,6 +1,7 @@
 // Command validate checks rendered Kubernetes manifests strictly against the API types they name.
 //
 //	helm template deploy/helm/embedstream | validate -          # or: validate FILE...
+//	validate -json FILE...   # on success, the decoded objects as one JSON array (for tests to read)
 //
 // Every YAML document is decoded into its Go type from k8s.io/api, KEDA's apis (keda.sh/v1alpha1) or
 // prometheus-operator's (monitoring.coreos.com/v1): an unknown kind, an unknown or misspelled field, a
@@ -12,6 +13,7 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -25,6 +27,7 @@ import (
 
 func main() {
 	quiet := flag.Bool("q", false, "print nothing when every object is valid")
+	asJSON := flag.Bool("json", false, "on success print the decoded objects as a JSON array instead of the summary")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: validate [-q] FILE... (- for standard input)")
 		flag.PrintDefaults()
@@ -60,7 +63,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "validate: no objects in the input")
 		os.Exit(1)
 	}
-	if !*quiet {
+	switch {
+	case *asJSON:
+		out := make([]any, len(objects))
+		for i, o := range objects {
+			out[i] = o.obj
+		}
+		data, err := json.Marshal(out)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "validate: %v\n", err)
+			os.Exit(2)
+		}
+		fmt.Println(string(data))
+	case !*quiet:
 		fmt.Println(summary(objects))
 	}
 }
