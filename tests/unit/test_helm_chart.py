@@ -111,6 +111,17 @@ def test_helm_refuses_values_that_would_make_a_broken_pod(tools):
     assert out.returncode != 0 and "through the chart's kafka/qdrant values" in out.stderr
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("embedBulk.autoscalling.minReplicas=1", "additional properties 'autoscalling' not allowed"),
+    ("embedBulk.threads=four", "got string, want null or integer"),
+    ("kafka.securityProtocol=TLS", "/kafka/securityProtocol"),
+    ("embedOnline.autoscaling.lagThreshold.queries=0", "minimum"),
+])
+def test_values_schema_refuses_a_misspelled_or_mistyped_value(tools, setting, message):
+    out = _run([tools[0], "template", "emb", str(CHART), "--set", setting])
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
 # ------------------------------------------------------------------------------------- strict types
 
 
