@@ -294,6 +294,21 @@ def test_secured_kafka_reads_every_credential_from_secrets(objects, rendered):
         assert mounts["kafka-tls"] == "/etc/embedstream/kafka-tls"
 
 
+def test_default_thresholds_are_plans_output_for_the_reference_throughputs(objects):
+    """values.yaml's lagThresholds are `embedstream plan`'s answer for the throughputs its comment names
+    (docs/kubernetes.md says where each was measured): change either and this says so."""
+    plan = build_plan(lag_thresholds=True, tokens=200, tokens_per_s=5827, online_tokens_per_s=5689, texts_per_s=90,
+                      pairs_per_s=22, events_per_s=5)
+    want = {row.topic.topic_key.replace("_", "-"): row.lag_threshold for row in plan.autoscaling.rows}
+    got = {t["name"]: int(t["metadata"]["lagThreshold"])
+           for so in by_kind(objects["cdc-on"], "ScaledObject").values() for t in so["spec"]["triggers"]}
+    assert got == want == {"chunks-online": 39, "queries": 126, "chunks-bulk": 6118, "rerank": 1, "search": 1,
+                           "changes": 35}
+    values = (CHART / "values.yaml").read_text()
+    assert "--tokens 200 --tokens-per-s 5827 --online-tokens-per-s 5689" in values
+    assert "--texts-per-s 90 --pairs-per-s 22 --events-per-s 5" in values
+
+
 def test_plan_thresholds_reach_every_trigger(tools, tmp_path):
     """`embedstream plan --lag-thresholds --helm-values F` writes a file the chart takes as it is: every
     trigger of every lane gets the plan's number, and the result still validates strictly."""
