@@ -350,8 +350,12 @@ func (c *checks) podSpec(o *object, spec *corev1.PodSpec) {
 			c.add(o, "volume %q must have exactly one source, has %d", v.Name, n)
 		}
 	}
-	if sa := spec.ServiceAccountName; sa != "" && sa != "default" && c.find("ServiceAccount", o, sa) == nil {
-		c.add(o, "serviceAccountName %q: no such ServiceAccount rendered", sa)
+	if sa := spec.ServiceAccountName; sa != "" && sa != "default" {
+		if account := c.find("ServiceAccount", o, sa); account == nil {
+			c.add(o, "serviceAccountName %q: no such ServiceAccount rendered", sa)
+		} else if preInstall(o) && !preInstall(account) {
+			c.add(o, "serviceAccountName %q: a pre-install hook runs before the release's ServiceAccount exists", sa)
+		}
 	}
 	names := map[string]bool{}
 	all := append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...)
@@ -444,6 +448,16 @@ func (c *checks) container(o *object, ctr *corev1.Container, volumes map[string]
 	for _, msg := range over {
 		in("%s", msg)
 	}
+}
+
+// preInstall: a Helm pre-install hook, created before the release's other objects.
+func preInstall(o *object) bool {
+	for _, hook := range strings.Split(o.meta.GetAnnotations()["helm.sh/hook"], ",") {
+		if strings.TrimSpace(hook) == "pre-install" {
+			return true
+		}
+	}
+	return false
 }
 
 func podHasPort(spec *corev1.PodSpec, port intstr.IntOrString) bool {

@@ -166,6 +166,9 @@ def _broken(manifest: str, old: str, new: str) -> str:
      "scale target StatefulSet emb-embedstream-embed-bulkk (apps/v1) is not rendered"),
     ("- {name: home, mountPath: /home/embedstream}", "- {name: homes, mountPath: /home/embedstream}",
      'volumeMount "homes": no such volume'),
+    # a pre-install hook (the topics Job) that needs an object the release creates only after it
+    ("      restartPolicy: OnFailure\n", "      restartPolicy: OnFailure\n      serviceAccountName: emb-embedstream\n",
+     "a pre-install hook runs before the release's ServiceAccount exists"),
 ])
 def test_validator_rejects_a_broken_object(tools, rendered, old, new, message):
     good = rendered["defaults"]

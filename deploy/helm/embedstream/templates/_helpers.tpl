@@ -212,10 +212,13 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- end }}
 {{- end }}
 
-{{/* Pod spec fields shared by every workload: (dict "root" $ "component" name). */}}
+{{/* Pod spec fields shared by every workload: (dict "root" $ "component" name ["hook" true]). A pre-install
+hook runs before the release's ServiceAccount exists: it keeps the namespace's default one (no token either). */}}
 {{- define "embedstream.podCommon" -}}
 {{- $root := .root }}
+{{- if not .hook }}
 serviceAccountName: {{ include "embedstream.serviceAccountName" $root }}
+{{- end }}
 automountServiceAccountToken: false
 terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
 securityContext:
