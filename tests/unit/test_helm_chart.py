@@ -179,7 +179,7 @@ def test_validator_rejects_a_broken_object(tools, rendered, old, new, message):
 
 def test_generated_kafka_metadata_is_what_the_pinned_keda_says(tools):
     out = subprocess.run(["go", "run", "./internal/genkafka", "-check"], cwd=VALIDATE_DIR, capture_output=True,
-                         text=True, timeout=1200, env=None)
+                         text=True, timeout=1200)
     assert out.returncode == 0, out.stderr
 
 
