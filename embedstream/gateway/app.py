@@ -102,8 +102,13 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
         return run
 
     async def health(request: Request) -> Response:
+        """Ready: the Kafka client is up (also /readyz, the orchestrator's readiness probe)."""
         ok = gateway.lanes is not None and gateway.lanes.healthy()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
+
+    async def alive(request: Request) -> Response:
+        """Liveness (/healthz): the event loop answers. A broker outage is readiness, not a reason to restart."""
+        return JSONResponse({"alive": True})
 
     async def info(request: Request) -> Response:
         return JSONResponse(gateway.info(VERSION))
@@ -143,6 +148,8 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
         Route("/tokenize", endpoint("tokenize", "tei", routes_tei.tokenize), methods=["POST"]),
         Route("/decode", endpoint("decode", "tei", routes_tei.decode), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/readyz", health, methods=["GET"]),
+        Route("/healthz", alive, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),
     ]

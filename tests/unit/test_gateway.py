@@ -132,6 +132,14 @@ def test_a_valid_request_without_kafka_is_503_and_health_says_so(client):
     assert client.get("/health").status_code == 503
 
 
+def test_probes_split_liveness_from_readiness(client):
+    # Kubernetes restarts a pod whose liveness fails: a gateway that cannot reach Kafka is alive (restarting
+    # it would not bring the broker back) but not ready (no traffic until it can answer).
+    alive, ready = client.get("/healthz"), client.get("/readyz")
+    assert alive.status_code == 200 and alive.json() == {"alive": True}
+    assert ready.status_code == 503 and ready.json() == {"status": "unavailable"}
+
+
 def test_client_timeouts_become_deadlines(client):
     r = client.post("/embed", json={"inputs": "a"}, headers={"x-request-timeout": "soon"})
     assert r.status_code == 422 and "x-request-timeout" in r.json()["error"]
