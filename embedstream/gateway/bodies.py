@@ -7,9 +7,9 @@ gets its 413 instead of a reset connection; past that the connection is simply a
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.requests import Request
 
 from embedstream.gateway.errors import ApiError
@@ -61,37 +61,80 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-TokenIds = list[StrictInt]
+TokenId = Annotated[StrictInt, Field(ge=0)]
+TokenIds = list[TokenId]
+TruncationDirection = Literal["Right", "Left", "right", "left"]
+TeiInputType = Union[StrictStr, TokenIds]
+TeiInput = Annotated[
+    Union[TeiInputType, list[TeiInputType]],
+    Field(description="A text or the served model's token ids, or a list of them (a batch). Token ids are read as "
+                      "the text they decode to"),
+]
+PROMPT_NAME = Field(default=None, description="The model's prompt put before each text: query or document (the "
+                    "sentence-transformers prompts); none by default")
+TRUNCATE = Field(default=None, description="Cut an input over the model's token limit instead of refusing it; "
+                 "none: the gateway's --auto-truncate (on by default, as TEI)")
+TRUNCATION_DIRECTION = Field(default="Right", description="Which end a cut input loses: only Right (its end) is "
+                             "done; Left is refused (422)")
 
 
 class OpenAIEmbeddings(_Body):
     """OpenAI ``POST /v1/embeddings``: text(s) or token ids of the served model's tokenizer (as vLLM)."""
 
-    input: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
-    model: StrictStr | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = None
-    user: StrictStr | None = None
+    input: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]] = Field(
+        description="A text, a list of texts, one input as token ids or a list of them")
+    model: StrictStr | None = Field(default=None, description="Any name: the served model answers (TEI's rule; the "
+                                    "reply's model says which)")
+    encoding_format: Literal["float", "base64"] = Field(default="float", description="base64: little-endian float32")
+    dimensions: StrictInt | None = Field(default=None, description="A Matryoshka size the model was trained for")
+    user: StrictStr | None = Field(default=None, description="Accepted and not used")
 
 
 class TeiEmbed(_Body):
     """TEI ``POST /embed``."""
 
-    inputs: Union[StrictStr, list[StrictStr]]
-    normalize: StrictBool = True
-    truncate: StrictBool | None = None
-    truncation_direction: Literal["Right", "Left", "right", "left"] = "Right"
-    prompt_name: StrictStr | None = None
-    dimensions: StrictInt | None = None
+    inputs: TeiInput
+    normalize: StrictBool = Field(default=True, description="L2-normalise each vector")
+    truncate: StrictBool | None = TRUNCATE
+    truncation_direction: TruncationDirection = TRUNCATION_DIRECTION
+    prompt_name: StrictStr | None = PROMPT_NAME
+    dimensions: StrictInt | None = Field(default=None, description="A Matryoshka size the model was trained for")
 
 
 class TeiEmbedSparse(_Body):
     """TEI ``POST /embed_sparse``."""
 
-    inputs: Union[StrictStr, list[StrictStr]]
-    truncate: StrictBool | None = None
-    truncation_direction: Literal["Right", "Left", "right", "left"] = "Right"
-    prompt_name: StrictStr | None = None
+    inputs: TeiInput
+    truncate: StrictBool | None = TRUNCATE
+    truncation_direction: TruncationDirection = TRUNCATION_DIRECTION
+    prompt_name: StrictStr | None = PROMPT_NAME
+
+
+class TeiEmbedAll(_Body):
+    """TEI ``POST /embed_all``: every token's last hidden state, from the packed forward pass."""
+
+    inputs: TeiInput
+    truncate: StrictBool | None = TRUNCATE
+    truncation_direction: TruncationDirection = TRUNCATION_DIRECTION
+    prompt_name: StrictStr | None = PROMPT_NAME
+
+
+class SimilarityInput(_Body):
+    source_sentence: StrictStr = Field(description="The text every sentence is compared with")
+    sentences: list[StrictStr] = Field(description="Texts compared with source_sentence")
+
+
+class SimilarityParameters(_Body):
+    truncate: StrictBool | None = TRUNCATE
+    truncation_direction: TruncationDirection = TRUNCATION_DIRECTION
+    prompt_name: StrictStr | None = PROMPT_NAME
+
+
+class TeiSimilarity(_Body):
+    """TEI ``POST /similarity``: the cosine similarity of each sentence's vector with the source sentence's."""
+
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
 
 
 class TeiTokenize(_Body):
@@ -99,7 +142,7 @@ class TeiTokenize(_Body):
 
     inputs: Union[StrictStr, list[StrictStr]]
     add_special_tokens: StrictBool = True
-    prompt_name: StrictStr | None = None
+    prompt_name: StrictStr | None = PROMPT_NAME
 
 
 class TeiDecode(_Body):
@@ -112,16 +155,37 @@ class TeiDecode(_Body):
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 
+class CohereTextContent(_Body):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class CohereImageContent(_Body):
+    type: Literal["image_url"]
+    image_url: Any = None
+
+
+class CohereInput(_Body):
+    content: list[Annotated[Union[CohereTextContent, CohereImageContent], Field(discriminator="type")]]
+
+
 class CohereEmbed(_Body):
-    """Cohere ``POST /v2/embed`` (texts only)."""
+    """Cohere ``POST /v2/embed`` (texts only: images are refused)."""
 
     texts: list[StrictStr] | None = None
-    images: list[Any] | None = None
-    model: StrictStr | None = None
-    input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = None
+    images: list[Any] | None = Field(default=None, description="Refused (422): the served model embeds text")
+    inputs: list[CohereInput] | None = Field(default=None, description="Text content only: an input's text parts "
+                                             "are joined by newlines")
+    model: StrictStr | None = Field(default=None, description="Any name: the served model answers")
+    input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = Field(
+        default=None, description="search_query / search_document: the model's query / document prompt")
     embedding_types: list[CohereEmbeddingType] | None = None
-    output_dimension: StrictInt | None = None
-    truncate: Literal["NONE", "START", "END"] | None = None
+    output_dimension: StrictInt | None = Field(default=None, description="A Matryoshka size the model was trained for")
+    max_tokens: StrictInt | None = Field(default=None, ge=1, description="At least the model's limit (a smaller "
+                                         "one is refused: inputs are cut at the model's limit)")
+    truncate: Literal["NONE", "START", "END"] | None = Field(default=None, description="Default END (cut the "
+                                                             "end); NONE refuses an over-long text; START is refused")
+    priority: StrictInt | None = Field(default=None, description="Accepted and not used")
 
 
 class DocumentObject(_Body):
@@ -135,7 +199,9 @@ class TeiRerank(_Body):
     texts: list[StrictStr]
     raw_scores: StrictBool = False
     return_text: StrictBool = False
-    truncate: StrictBool | None = None
+    truncate: StrictBool | None = Field(default=None, description="Accepted: an over-long text is cut to the "
+                                        "reranker's limit whatever it says")
+    truncation_direction: TruncationDirection = TRUNCATION_DIRECTION
 
 
 class CohereRerank(_Body):
@@ -143,9 +209,12 @@ class CohereRerank(_Body):
 
     query: StrictStr
     documents: list[Union[StrictStr, DocumentObject]]
-    model: StrictStr | None = None
+    model: StrictStr | None = Field(default=None, description="Any name: the served reranker answers")
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool = False
+    max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1, description="At least the reranker's limit (a "
+                                                 "smaller one is refused: documents are cut at the reranker's limit)")
+    priority: StrictInt | None = Field(default=None, description="Accepted and not used")
 
 
 class SearchBody(_Body):
@@ -161,3 +230,7 @@ class SearchBody(_Body):
     fusion: Literal["rrf", "dbsf"] = "rrf"
     dense_limit: StrictInt | None = None
     sparse_limit: StrictInt | None = None
+
+
+class TeiRoot(RootModel[Union[TeiRerank, TeiEmbed]]):
+    """TEI's ``POST /`` and ``/invocations``: a rerank body (``query`` and ``texts``) or an embed body (``inputs``)."""
