@@ -297,3 +297,21 @@ def test_tei_clients_on_the_root_route_get_the_engines_vectors(stack, minilm_eng
         assert r.json() == ["read a file"]
         r = http.post("/predict", json={"inputs": "x"})
         assert r.status_code == 424 and r.json()["error_type"] == "Backend"
+
+
+def test_langchain_openai_with_its_default_model_and_llamaindex_tei_get_the_engines_vectors(stack, minilm_engine):
+    """Issue #35: LangChain's OpenAIEmbeddings as it comes (its own default model name, which this gateway does not
+    serve: the served model answers, as TEI does) and LlamaIndex's TEI embedding (TEI's /embed with truncate)."""
+    from langchain_openai import OpenAIEmbeddings
+    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+
+    expected, _ = _engine_vectors(minilm_engine, TEXTS)
+    # check_embedding_ctx_length=False: its length check downloads tiktoken's vocabulary (no network here)
+    openai_style = OpenAIEmbeddings(base_url=f"{stack.url}/v1", api_key="unused", check_embedding_ctx_length=False,
+                                    max_retries=0, timeout=30)
+    assert openai_style.model == "text-embedding-ada-002"
+    assert _cos(openai_style.embed_documents(TEXTS), expected).min() >= 0.9999
+    assert _cos(openai_style.embed_query(TEXTS[1]), expected[1]) >= 0.9999
+    tei = TextEmbeddingsInference(model_name=MODEL, base_url=stack.url, timeout=30)
+    assert _cos(tei.get_text_embedding_batch(TEXTS), expected).min() >= 0.9999
+    assert _cos(tei.get_query_embedding(TEXTS[2]), expected[2]) >= 0.9999
