@@ -24,7 +24,6 @@ from embedstream.corpus import stdlib_paragraphs
 from embedstream.engine.engine import Engine, EmbedRequest
 from embedstream.engine.sparse_choice import build_sparse_encoder
 from embedstream.gateway import GatewayOptions, create_app
-from embedstream.gateway.openapi import openapi_document
 from embedstream.producers.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
@@ -142,6 +141,8 @@ def test_6_empty_input_is_400_empty(http):
 
 
 def test_7_routes_tei_clients_call(http, minilm_engine):
+    from embedstream.gateway.openapi import openapi_document
+
     for path in ("/ping", "/", "/health"):
         assert http.get(path).status_code == 200, path
     assert http.get("/api-doc/openapi.json").json() == http.get("/openapi.json").json() == openapi_document()
@@ -208,6 +209,8 @@ def test_schemathesis_fuzz_and_every_documented_status(stack, http, tmp_path, ka
     print(done.stdout[-12000:])  # schemathesis' own summary, in the test output
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
 
+    from embedstream.gateway.openapi import openapi_document
+
     doc = openapi_document()
     seen: Counter = Counter()
     for entry in json.loads(har.read_text())["log"]["entries"]:
@@ -227,6 +230,8 @@ def test_schemathesis_fuzz_and_every_documented_status(stack, http, tmp_path, ka
 def _provoked(stack, kafka_bootstrap, tiny_bert_dir):
     """(method, path, status) with a check against the document, for every operation: the statuses a fuzzer
     does not reach on a healthy stack."""
+    from embedstream.gateway.openapi import openapi_document
+
     doc = openapi_document()
     posts = [(p, op) for p, ops in doc["paths"].items() for m, op in ops.items() if m == "post"]
     gets = [p for p, ops in doc["paths"].items() if "get" in ops]
