@@ -42,6 +42,7 @@ from embedstream.schemas.bounds import (
 )
 from embedstream.schemas.token_ids import (
     BASE64_PATTERN,
+    MAX_TOKEN_IDS,
     MAX_TOKEN_IDS_CHARS,
     TokenDtype,
     count_token_ids,
@@ -234,6 +235,10 @@ class QueryRequest(WireModel):
     truncate: bool | None = Field(
         default=None, description="Cut a text over the model's token limit instead of refusing it; None = the model's setting"
     )
+    truncation_direction: Literal["right", "left"] = Field(
+        default="right", description="Which end a cut text loses: right = its end, left = its start")
+    max_tokens: bounded_int(1, MAX_TOKEN_IDS) | None = Field(
+        default=None, description="A token limit below the model's (special tokens included); None = the model's")
     sparse: bool = Field(default=False, description="Also reply with the text's sparse vector (the worker's sparse "
                          "encoder, EMBEDSTREAM_SPARSE__KIND); refused by a worker without one")
     token_embeddings: bool = Field(default=False, description="Also reply with every token's last hidden state "

@@ -201,7 +201,8 @@ class EmbedWorker(StagedWorkerLoop):
         if isinstance(event, QueryRequest):
             return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, normalize=event.normalize,
                                 truncate=event.truncate, prompt=event.prompt, sparse=event.sparse,
-                                token_states=event.token_embeddings)
+                                token_states=event.token_embeddings, truncate_left=event.truncation_direction == "left",
+                                max_tokens=event.max_tokens)
         return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document",
                             token_ids=event.token_id_array(), tokenizer=event.tokenizer)
 

@@ -49,6 +49,8 @@ class EmbedRequest:
     # (a query's sparse vector is asked for: a search encodes its own, /embed_sparse asks).
     sparse: bool | None = None
     token_states: bool = False  # also every token's last hidden state (TEI's /embed_all), from the same pass
+    truncate_left: bool = False  # a cut text loses its start, not its end (TEI's Left, Cohere's START)
+    max_tokens: int | None = None  # a limit below the model's, special tokens included (Cohere's max_tokens)
 
 
 @dataclass
@@ -185,7 +187,10 @@ class Engine:
         prompts = [self._prompt(requests[i]) for i in todo]
         texts = [f"{prompt}{requests[i].text}" if prompt else requests[i].text for i, prompt in zip(todo, prompts)]
         truncate = [self._may_truncate(requests[i]) for i in todo]
-        for i, prompt, tok in zip(todo, prompts, self.tokenizer.encode_many(texts, truncate) if todo else ()):
+        shaped = {}  # only requests that ask for it: a plain batch is tokenized as it always was
+        if any(requests[i].truncate_left or requests[i].max_tokens for i in todo):
+            shaped = {"left": [requests[i].truncate_left for i in todo], "limits": [requests[i].max_tokens for i in todo]}
+        for i, prompt, tok in zip(todo, prompts, self.tokenizer.encode_many(texts, truncate, **shaped) if todo else ()):
             out[i] = tok if isinstance(tok, EngineError) else self._prepared(requests[i], tok, prompt)
         if timings is not None:
             timings.tokenize_ms += (time.perf_counter() - start) * 1000

@@ -74,8 +74,7 @@ PROMPT_NAME = Field(default=None, description="The model's prompt put before eac
                     "sentence-transformers prompts); none by default")
 TRUNCATE = Field(default=None, description="Cut an input over the model's token limit instead of refusing it; "
                  "none: the gateway's --auto-truncate (on by default, as TEI)")
-TRUNCATION_DIRECTION = Field(default="Right", description="Which end a cut input loses: only Right (its end) is "
-                             "done; Left is refused (422)")
+TRUNCATION_DIRECTION = Field(default="Right", description="Which end a cut input loses: Right its end, Left its start")
 
 
 class OpenAIEmbeddings(_Body):
@@ -197,10 +196,10 @@ class CohereEmbed(_Body):
         default=None, description="search_query / search_document: the model's query / document prompt")
     embedding_types: list[CohereEmbeddingType] | None = None
     output_dimension: StrictInt | None = Field(default=None, description="A Matryoshka size the model was trained for")
-    max_tokens: StrictInt | None = Field(default=None, ge=1, description="At least the model's limit (a smaller "
-                                         "one is refused: inputs are cut at the model's limit)")
-    truncate: Literal["NONE", "START", "END"] | None = Field(default=None, description="Default END (cut the "
-                                                             "end); NONE refuses an over-long text; START is refused")
+    max_tokens: StrictInt | None = Field(default=None, ge=1, description="Tokens per input at most (special tokens "
+                                         "included; the model's limit when above it), cut as truncate says")
+    truncate: Literal["NONE", "START", "END"] | None = Field(default=None, description="END (the default) cuts an "
+                                                             "over-long text's end, START its start; NONE refuses it")
     priority: StrictInt | None = Field(default=None, description="Accepted and not used")
 
 

@@ -58,19 +58,13 @@ def _check_prompt(gateway: Gateway, name: str | None) -> None:
                        f"{gateway.spec.name!r} (query, document)", param="prompt_name")
 
 
-def _tei_truncate(truncate: bool | None, direction: str) -> bool | None:
-    """TEI's truncate (None: the gateway's auto-truncate). Only right truncation is done: asked to cut on the
-    left, an input that would need cutting is refused (too_long, 422) rather than cut on the wrong side."""
-    return False if direction.lower() == "left" else truncate
-
-
 async def tei_embed(gateway: Gateway, request: Request) -> VectorResponse:
     """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
     deadline = gateway.deadline(request.headers)
     body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
     texts = _tei_texts(gateway, body)
-    ask = EmbedAsk(texts, body.dimensions, body.prompt_name, _tei_truncate(body.truncate, body.truncation_direction),  # type: ignore[arg-type]
-                   body.normalize)
+    ask = EmbedAsk(texts, body.dimensions, body.prompt_name, body.truncate, body.normalize,  # type: ignore[arg-type]
+                   truncation_direction=body.truncation_direction.lower())
     done = await gateway.embed(ask, deadline, what="inputs")
     return _respond(done.vectors, done, texts)
 
@@ -81,8 +75,8 @@ async def tei_embed_sparse(gateway: Gateway, request: Request) -> VectorResponse
     deadline = gateway.deadline(request.headers)
     body = validate(TeiEmbedSparse, await read_json(request, gateway.options.max_body_bytes))
     texts = _tei_texts(gateway, body)
-    ask = EmbedAsk(texts, None, body.prompt_name, _tei_truncate(body.truncate, body.truncation_direction),  # type: ignore[arg-type]
-                   sparse=True)
+    ask = EmbedAsk(texts, None, body.prompt_name, body.truncate, sparse=True,  # type: ignore[arg-type]
+                   truncation_direction=body.truncation_direction.lower())
     done = await gateway.embed(ask, deadline, what="inputs")
     out = []
     for i, terms in enumerate(done.sparse):
@@ -98,8 +92,8 @@ async def tei_embed_all(gateway: Gateway, request: Request) -> VectorResponse:
     deadline = gateway.deadline(request.headers)
     body = validate(TeiEmbedAll, await read_json(request, gateway.options.max_body_bytes))
     texts = _tei_texts(gateway, body)
-    ask = EmbedAsk(texts, None, body.prompt_name, _tei_truncate(body.truncate, body.truncation_direction),  # type: ignore[arg-type]
-                   token_embeddings=True)
+    ask = EmbedAsk(texts, None, body.prompt_name, body.truncate, token_embeddings=True,  # type: ignore[arg-type]
+                   truncation_direction=body.truncation_direction.lower())
     done = await gateway.embed(ask, deadline, what="inputs")
     return _respond(done.token_states, done, texts)
 
@@ -113,8 +107,8 @@ async def tei_similarity(gateway: Gateway, request: Request) -> VectorResponse:
         raise ApiError(400, "empty_input", "`inputs.sentences` cannot be empty", param="inputs.sentences")
     _check_prompt(gateway, params.prompt_name)
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    ask = EmbedAsk(texts, None, params.prompt_name, _tei_truncate(params.truncate, params.truncation_direction),  # type: ignore[arg-type]
-                   normalize=False)
+    ask = EmbedAsk(texts, None, params.prompt_name, params.truncate, normalize=False,  # type: ignore[arg-type]
+                   truncation_direction=params.truncation_direction.lower())
     done = await gateway.embed(ask, deadline, what="inputs")
     return _respond(cosine_to_first(done.vectors), done, texts)
 
@@ -144,14 +138,12 @@ async def cohere_embed(gateway: Gateway, request: Request) -> VectorResponse:
     body = validate(CohereEmbed, await read_json(request, gateway.options.max_body_bytes))
     gateway.check_model(body.model)
     texts = _cohere_texts(gateway, body)
-    if body.truncate == "START":
-        raise ApiError(422, "truncate_unsupported", "only END truncation is done", param="truncate")
-    if body.max_tokens is not None and body.max_tokens < gateway.spec.max_tokens:
-        raise ApiError(422, "max_tokens_unsupported", f"max_tokens below the model's limit ({gateway.spec.max_tokens}) "
-                       "is not served: inputs are cut at the model's limit", param="max_tokens")
-    truncate = body.truncate != "NONE"  # Cohere's default is END
     prompt = _COHERE_PROMPTS.get(body.input_type or "")
-    done = await gateway.embed(EmbedAsk(texts, body.output_dimension, prompt, truncate), deadline, what="texts")  # type: ignore[arg-type]
+    # Cohere's default is END; a max_tokens at or above the model's limit is the model's limit
+    max_tokens = body.max_tokens if body.max_tokens is not None and body.max_tokens < gateway.spec.max_tokens else None
+    ask = EmbedAsk(texts, body.output_dimension, prompt, body.truncate != "NONE",  # type: ignore[arg-type]
+                   truncation_direction="left" if body.truncate == "START" else "right", max_tokens=max_tokens)
+    done = await gateway.embed(ask, deadline, what="texts")
     kinds = list(dict.fromkeys(body.embedding_types or ["float"]))
     out = {"id": uuid.uuid4().hex, "response_type": "embeddings_by_type",
            "embeddings": {kind: formats.encode_as(done.vectors, kind) for kind in kinds}, "texts": texts,

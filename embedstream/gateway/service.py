@@ -43,6 +43,8 @@ class EmbedAsk:
     normalize: bool | None = None
     sparse: bool = False  # also the texts' sparse vectors (TEI /embed_sparse)
     token_embeddings: bool = False  # also every token's last hidden state (TEI /embed_all)
+    truncation_direction: str = "right"  # right: a cut text loses its end; left: its start
+    max_tokens: int | None = None  # a token limit below the model's (Cohere's max_tokens)
 
 
 @dataclass
@@ -180,7 +182,8 @@ class Gateway:
         truncate = self.options.auto_truncate if ask.truncate is None else ask.truncate
         requests = [QueryRequest(request_id=uuid.uuid4().hex, text=text, model=self.spec.name, dimensions=ask.dimensions,
                                  prompt=ask.prompt, normalize=ask.normalize, truncate=truncate, sparse=ask.sparse,
-                                 token_embeddings=ask.token_embeddings, reply_to=lanes.reply_topic, deadline_ms=expires,
+                                 token_embeddings=ask.token_embeddings, truncation_direction=ask.truncation_direction,
+                                 max_tokens=ask.max_tokens, reply_to=lanes.reply_topic, deadline_ms=expires,
                                  sent_at_ms=sent)
                     for text in ask.texts]
         replies = await lanes.call("embed", self.settings.kafka.topic_queries, requests, QueryReply, deadline)

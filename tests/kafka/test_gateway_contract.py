@@ -131,6 +131,27 @@ def test_5_an_over_long_input_is_cut_by_default_and_refused_422_with_auto_trunca
         assert other.post("/embed", json={"inputs": LONG, "truncate": True}).status_code == 200
 
 
+def test_left_truncation_and_cohere_start_and_max_tokens_cut_where_asked(http, minilm_engine):
+    """TEI's truncation_direction Left and Cohere's START cut the start, Cohere's max_tokens cuts below the model's
+    limit: each vector is the engine's for the text that is left (MiniLM: one token per word here)."""
+    text = " ".join(["apple"] * 300 + ["banana"] * 300)
+    kept, _ = engine_vectors(minilm_engine, [" ".join(["banana"] * 254), " ".join(["apple"] * 254),
+                                             " ".join(["apple"] * 14), " ".join(["banana"] * 14)])
+    r = http.post("/embed", json={"inputs": text, "truncate": True, "truncation_direction": "Left"})
+    assert r.status_code == 200 and cos(r.json()[0], kept[0]) >= 0.9999, r.text
+    r = http.post("/embed", json={"inputs": text, "truncation_direction": "left"})  # auto-truncate, TEI's alias
+    assert r.status_code == 200 and cos(r.json()[0], kept[0]) >= 0.9999, r.text
+    assert cos(http.post("/embed", json={"inputs": text}).json()[0], kept[1]) >= 0.9999
+    for truncate, max_tokens, expected in (("START", None, kept[0]), ("END", None, kept[1]), (None, 16, kept[2]),
+                                           ("START", 16, kept[3])):
+        body = {"texts": [text], "model": "embed-v4.0", **({"truncate": truncate} if truncate else {}),
+                **({"max_tokens": max_tokens} if max_tokens else {})}
+        r = http.post("/v2/embed", json=body)
+        assert r.status_code == 200 and cos(r.json()["embeddings"]["float"][0], expected) >= 0.9999, (body, r.text)
+    r = http.post("/v2/embed", json={"texts": [text], "truncate": "NONE", "max_tokens": 16})
+    assert r.status_code == 422 and "max_tokens of 16" in r.json()["message"]
+
+
 def test_6_empty_input_is_400_empty(http):
     for path, body in (("/embed", {"inputs": []}), ("/embed", {"inputs": ""}), ("/", {"inputs": []}),
                        ("/embed_all", {"inputs": [""]}), ("/rerank", {"query": "q", "texts": []}),

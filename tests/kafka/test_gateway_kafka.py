@@ -158,8 +158,8 @@ BAD = [
     ("/v1/embeddings", {"input": ["fine", {"text": "no"}]}, 400),
     ("/embed", {"inputs": " ".join(["word"] * 600), "truncate": False}, 422),  # over 256 tokens: the worker says too_long
     ("/v1/embeddings", {"input": "x", "dimensions": 64}, 400),
-    ("/embed", {"inputs": " ".join(["word"] * 600), "truncation_direction": "Left"}, 422),  # not cut on the wrong side
-    ("/v2/embed", {"texts": ["x"], "embedding_types": ["float"], "truncate": "START"}, 422),
+    ("/embed", {"inputs": "x", "prompt_name": "poem"}, 422),
+    ("/v2/embed", {"texts": ["x"], "embedding_types": ["float"], "truncate": "NONE", "max_tokens": 2}, 422),
 ]
 
 
