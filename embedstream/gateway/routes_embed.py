@@ -58,26 +58,27 @@ def _check_prompt(gateway: Gateway, name: str | None) -> None:
                        f"{gateway.spec.name!r} (query, document)", param="prompt_name")
 
 
+async def _tei_embedded(gateway: Gateway, request: Request, model: type[TeiEmbed | TeiEmbedSparse | TeiEmbedAll],
+                        **extra) -> tuple[list[str], Embedded]:
+    """A TEI embed-family body read and embedded as it asks (plus ``extra``: what the route adds)."""
+    deadline = gateway.deadline(request.headers)
+    body = validate(model, await read_json(request, gateway.options.max_body_bytes))
+    texts = _tei_texts(gateway, body)
+    ask = EmbedAsk(texts, getattr(body, "dimensions", None), body.prompt_name, body.truncate,  # type: ignore[arg-type]
+                   getattr(body, "normalize", None), truncation_direction=body.truncation_direction.lower(), **extra)
+    return texts, await gateway.embed(ask, deadline, what="inputs")
+
+
 async def tei_embed(gateway: Gateway, request: Request) -> VectorResponse:
     """TEI ``/embed``: ``[[f32]]``; ``prompt_name`` picks the model's query or document prompt."""
-    deadline = gateway.deadline(request.headers)
-    body = validate(TeiEmbed, await read_json(request, gateway.options.max_body_bytes))
-    texts = _tei_texts(gateway, body)
-    ask = EmbedAsk(texts, body.dimensions, body.prompt_name, body.truncate, body.normalize,  # type: ignore[arg-type]
-                   truncation_direction=body.truncation_direction.lower())
-    done = await gateway.embed(ask, deadline, what="inputs")
+    texts, done = await _tei_embedded(gateway, request, TeiEmbed)
     return _respond(done.vectors, done, texts)
 
 
 async def tei_embed_sparse(gateway: Gateway, request: Request) -> VectorResponse:
     """TEI ``/embed_sparse``: ``[[{"index": i, "value": w}]]``, the embed workers' sparse vectors
     (``EMBEDSTREAM_SPARSE__KIND``; a worker without a sparse encoder refuses with ``sparse_unavailable``)."""
-    deadline = gateway.deadline(request.headers)
-    body = validate(TeiEmbedSparse, await read_json(request, gateway.options.max_body_bytes))
-    texts = _tei_texts(gateway, body)
-    ask = EmbedAsk(texts, None, body.prompt_name, body.truncate, sparse=True,  # type: ignore[arg-type]
-                   truncation_direction=body.truncation_direction.lower())
-    done = await gateway.embed(ask, deadline, what="inputs")
+    texts, done = await _tei_embedded(gateway, request, TeiEmbedSparse, sparse=True)
     out = []
     for i, terms in enumerate(done.sparse):
         if terms is None:
@@ -89,12 +90,7 @@ async def tei_embed_sparse(gateway: Gateway, request: Request) -> VectorResponse
 async def tei_embed_all(gateway: Gateway, request: Request) -> VectorResponse:
     """TEI ``/embed_all``: per input, every token's last hidden state ``[[[f32]]]`` (special and prompt tokens
     included, no pooling), as the embed worker's packed forward pass computed them."""
-    deadline = gateway.deadline(request.headers)
-    body = validate(TeiEmbedAll, await read_json(request, gateway.options.max_body_bytes))
-    texts = _tei_texts(gateway, body)
-    ask = EmbedAsk(texts, None, body.prompt_name, body.truncate, token_embeddings=True,  # type: ignore[arg-type]
-                   truncation_direction=body.truncation_direction.lower())
-    done = await gateway.embed(ask, deadline, what="inputs")
+    texts, done = await _tei_embedded(gateway, request, TeiEmbedAll, token_embeddings=True)
     return _respond(done.token_states, done, texts)
 
 
