@@ -61,6 +61,11 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+def _examples(*bodies: dict) -> ConfigDict:
+    """A body model's config with request examples (the document's; schemathesis sends them first)."""
+    return ConfigDict(extra="ignore", json_schema_extra={"examples": list(bodies)})
+
+
 TokenId = Annotated[StrictInt, Field(ge=0)]
 TokenIds = list[TokenId]
 TruncationDirection = Literal["Right", "Left", "right", "left"]
@@ -80,7 +85,7 @@ TRUNCATION_DIRECTION = Field(default="Right", description="Which end a cut input
 class OpenAIEmbeddings(_Body):
     """OpenAI ``POST /v1/embeddings``: text(s) or token ids of the served model's tokenizer (as vLLM)."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"input": ["What is Deep Learning?"], "model": "all-MiniLM-L6-v2"}]})
+    model_config = _examples({"input": ["What is Deep Learning?"], "model": "all-MiniLM-L6-v2"})
 
     input: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]] = Field(
         description="A text, a list of texts, one input as token ids or a list of them")
@@ -94,7 +99,8 @@ class OpenAIEmbeddings(_Body):
 class TeiEmbed(_Body):
     """TEI ``POST /embed``."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": "What is Deep Learning?"}, {"inputs": [[101, 7592, 102], "hello"], "prompt_name": "query"}]})
+    model_config = _examples({"inputs": "What is Deep Learning?"},
+                             {"inputs": [[101, 7592, 102], "hello"], "prompt_name": "query"})
 
     inputs: TeiInput
     normalize: StrictBool = Field(default=True, description="L2-normalise each vector")
@@ -107,7 +113,7 @@ class TeiEmbed(_Body):
 class TeiEmbedSparse(_Body):
     """TEI ``POST /embed_sparse``."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": ["What is Deep Learning?"]}]})
+    model_config = _examples({"inputs": ["What is Deep Learning?"]})
 
     inputs: TeiInput
     truncate: StrictBool | None = TRUNCATE
@@ -118,7 +124,7 @@ class TeiEmbedSparse(_Body):
 class TeiEmbedAll(_Body):
     """TEI ``POST /embed_all``: every token's last hidden state, from the packed forward pass."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": "What is Deep Learning?"}]})
+    model_config = _examples({"inputs": "What is Deep Learning?"})
 
     inputs: TeiInput
     truncate: StrictBool | None = TRUNCATE
@@ -140,7 +146,8 @@ class SimilarityParameters(_Body):
 class TeiSimilarity(_Body):
     """TEI ``POST /similarity``: the cosine similarity of each sentence's vector with the source sentence's."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": {"source_sentence": "What is Deep Learning?", "sentences": ["What is Machine Learning?"]}}]})
+    model_config = _examples({"inputs": {"source_sentence": "What is Deep Learning?",
+                                         "sentences": ["What is Machine Learning?"]}})
 
     inputs: SimilarityInput
     parameters: SimilarityParameters | None = None
@@ -149,7 +156,7 @@ class TeiSimilarity(_Body):
 class TeiTokenize(_Body):
     """TEI ``POST /tokenize``."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"inputs": "test"}]})
+    model_config = _examples({"inputs": "test"})
 
     inputs: Union[StrictStr, list[StrictStr]]
     add_special_tokens: StrictBool = True
@@ -159,7 +166,7 @@ class TeiTokenize(_Body):
 class TeiDecode(_Body):
     """TEI ``POST /decode``."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"ids": [101, 7592, 102]}]})
+    model_config = _examples({"ids": [101, 7592, 102]})
 
     ids: Union[TokenIds, list[TokenIds]]
     skip_special_tokens: StrictBool = True
@@ -185,7 +192,8 @@ class CohereInput(_Body):
 class CohereEmbed(_Body):
     """Cohere ``POST /v2/embed`` (texts only: images are refused)."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"texts": ["hello", "goodbye"], "model": "embed-v4.0", "input_type": "search_document", "embedding_types": ["float", "int8"]}]})
+    model_config = _examples({"texts": ["hello", "goodbye"], "model": "embed-v4.0", "input_type": "search_document",
+                              "embedding_types": ["float", "int8"]})
 
     texts: list[StrictStr] | None = None
     images: list[Any] | None = Field(default=None, description="Refused (422): the served model embeds text")
@@ -210,7 +218,8 @@ class DocumentObject(_Body):
 class TeiRerank(_Body):
     """TEI ``POST /rerank``: every text scored, sorted by score."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"query": "What is Deep Learning?", "texts": ["Deep Learning is ...", "Kafka keeps records"]}]})
+    model_config = _examples({"query": "What is Deep Learning?",
+                              "texts": ["Deep Learning is ...", "Kafka keeps records"]})
 
     query: StrictStr
     texts: list[StrictStr]
@@ -224,7 +233,8 @@ class TeiRerank(_Body):
 class CohereRerank(_Body):
     """Cohere (v1, v2) and Jina ``POST /v1/rerank``, ``/v2/rerank``: documents as strings or ``{"text": ...}``."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"query": "What is Deep Learning?", "documents": ["Deep Learning is ...", "Kafka keeps records"], "top_n": 1}]})
+    model_config = _examples({"query": "What is Deep Learning?",
+                              "documents": ["Deep Learning is ...", "Kafka keeps records"], "top_n": 1})
 
     query: StrictStr
     documents: list[Union[StrictStr, DocumentObject]]
@@ -239,7 +249,7 @@ class CohereRerank(_Body):
 class SearchBody(_Body):
     """``POST /search``: embed -> vector search -> rerank, as the rerank worker's SearchRequest."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{"query": "read a file", "top_k": 10, "top_n": 3}]})
+    model_config = _examples({"query": "read a file", "top_k": 10, "top_n": 3})
 
     query: StrictStr
     collection: StrictStr | None = None

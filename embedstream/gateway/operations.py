@@ -54,7 +54,7 @@ _TEI_OR_COHERE = Union[replies.TeiError, replies.CohereError]
 _HEALTH = dict(dialect="tei", tag=TEI, reply=replies.Health, errors=(503,))
 _OPENAI = dict(dialect="openai", tag=OPENAI, body=bodies.OpenAIEmbeddings, reply=replies.OpenAIEmbeddingsReply,
                errors=OPENAI_ERRORS)
-_ROOT = dict(dialect="tei", tag=TEI, body=bodies.TeiRoot, errors=LANE_ERRORS, error_model=_TEI_OR_COHERE,
+_ROOT = dict(dialect="tei", tag=TEI, body=bodies.TeiRoot, errors=LANE_ERRORS,
              reply=Union[replies.EmbedResponse, replies.RerankResponse])
 _COHERE_RERANK = dict(dialect="cohere", tag=COHERE, body=bodies.CohereRerank, reply=replies.CohereRerankReply,
                       errors=LANE_ERRORS)
