@@ -29,6 +29,7 @@ from pydantic import (
 from embedstream.schemas.bounds import (
     MAX_CHUNK_IDS,
     MAX_DIMENSIONS,
+    MAX_SAFE_INTEGER,
     ChunkId,
     CollectionName,
     DocId,
@@ -42,7 +43,6 @@ from embedstream.schemas.bounds import (
 )
 from embedstream.schemas.token_ids import (
     BASE64_PATTERN,
-    MAX_TOKEN_IDS,
     MAX_TOKEN_IDS_CHARS,
     TokenDtype,
     count_token_ids,
@@ -237,7 +237,7 @@ class QueryRequest(WireModel):
     )
     truncation_direction: Literal["right", "left"] = Field(
         default="right", description="Which end a cut text loses: right = its end, left = its start")
-    max_tokens: bounded_int(1, MAX_TOKEN_IDS) | None = Field(
+    max_tokens: bounded_int(1, MAX_SAFE_INTEGER) | None = Field(
         default=None, description="A token limit below the model's (special tokens included); None = the model's")
     sparse: bool = Field(default=False, description="Also reply with the text's sparse vector (the worker's sparse "
                          "encoder, EMBEDSTREAM_SPARSE__KIND); refused by a worker without one")
