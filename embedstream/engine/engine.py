@@ -58,6 +58,7 @@ class ScoreRequest:
     id: Any
     query: Any
     passage: Any
+    max_passage_tokens: int | None = None  # cut the passage to at most this many tokens (Cohere's max_tokens_per_doc)
 
 
 @dataclass
@@ -313,7 +314,9 @@ class Engine:
                 todo.append(i)
             except EngineError as err:
                 results[i] = ScoreResult(req.id, error=err)
-        encoded = self.tokenizer.encode_pairs([(requests[i].query, requests[i].passage) for i in todo])
+        limits = [requests[i].max_passage_tokens for i in todo]
+        encoded = self.tokenizer.encode_pairs([(requests[i].query, requests[i].passage) for i in todo],
+                                              limits if any(limit is not None for limit in limits) else None)
         ready: list[tuple[int, Tokenized]] = []
         for i, tok in zip(todo, encoded):
             if isinstance(tok, EngineError):

@@ -187,13 +187,17 @@ class TextTokenizer:
                 out.append(item)
         return out
 
-    def encode_pairs(self, pairs: list[tuple[str, str]]) -> list[Tokenized | EngineError]:
-        """Tokenise (query, passage) pairs; an over-long passage is cut to fit and flagged."""
+    def encode_pairs(self, pairs: list[tuple[str, str]],
+                     passage_limits: list[int | None] | None = None) -> list[Tokenized | EngineError]:
+        """Tokenise (query, passage) pairs; an over-long passage is cut to fit and flagged. ``passage_limits``:
+        per pair, at most this many passage tokens (Cohere's max_tokens_per_doc), within the model's room."""
         queries = self.tokenizer.encode_batch([q for q, _ in pairs], add_special_tokens=False)
         passages = self.tokenizer.encode_batch([p for _, p in pairs], add_special_tokens=False)
         out: list[Tokenized | EngineError] = []
-        for q, p in zip(queries, passages):
+        for i, (q, p) in enumerate(zip(queries, passages)):
             room = self.max_tokens - self.special_pair - len(q.ids)
+            if passage_limits and passage_limits[i] is not None:
+                room = min(room, passage_limits[i])
             if room < 1:
                 out.append(
                     EngineError(

@@ -241,8 +241,8 @@ class CohereRerank(_Body):
     model: StrictStr | None = Field(default=None, description="Any name: the served reranker answers")
     top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: StrictBool = False
-    max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1, description="At least the reranker's limit (a "
-                                                 "smaller one is refused: documents are cut at the reranker's limit)")
+    max_tokens_per_doc: StrictInt | None = Field(default=None, ge=1, description="Cut each document to at most this "
+                                                 "many tokens (within what the reranker's limit leaves beside the query)")
     priority: StrictInt | None = Field(default=None, description="Accepted and not used")
 
 

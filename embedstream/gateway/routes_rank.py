@@ -8,7 +8,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from embedstream.gateway.bodies import CohereRerank, SearchBody, TeiRerank, read_json, validate
-from embedstream.gateway.errors import ApiError
 from embedstream.gateway.formats import relevance
 from embedstream.gateway.responses import timing_headers
 from embedstream.gateway.service import Gateway
@@ -43,11 +42,8 @@ async def cohere_rerank(gateway: Gateway, request: Request) -> JSONResponse:
 async def _cohere(gateway: Gateway, body: CohereRerank, deadline: float) -> JSONResponse:
     model = gateway.check_model(body.model, "rerank")
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    limit = gateway.rerank_spec.max_tokens if gateway.rerank_spec is not None else 0
-    if body.max_tokens_per_doc is not None and body.max_tokens_per_doc < limit:
-        raise ApiError(422, "max_tokens_unsupported", f"max_tokens_per_doc below the reranker's limit ({limit}) is not "
-                       "served: documents are cut at the reranker's limit", param="max_tokens_per_doc")
-    reply = await gateway.rerank(body.query, texts, body.top_n, deadline, what="documents")
+    reply = await gateway.rerank(body.query, texts, body.top_n, deadline, what="documents",
+                                 max_tokens_per_doc=body.max_tokens_per_doc)
     activation = gateway.rerank_spec.activation
     results = []
     for result in reply.results:

@@ -197,7 +197,7 @@ class Gateway:
                         [r.token_state_array() for r in replies] if ask.token_embeddings else [])
 
     async def rerank(self, query: str, documents: list[str], top_n: int | None, deadline: float,
-                     what: str = "texts") -> RerankReply:
+                     what: str = "texts", max_tokens_per_doc: int | None = None) -> RerankReply:
         self.check_model(None, "rerank")
         if not documents:
             raise ApiError(400, "no_candidates", f"`{what}` cannot be empty", param=what)
@@ -209,7 +209,8 @@ class Gateway:
         request = RerankRequest(
             request_id=uuid.uuid4().hex, query=query, model=self.rerank_spec.name,
             candidates=[Candidate(id=str(i), text=text) for i, text in enumerate(documents)],
-            top_n=min(top_n or len(documents), len(documents)), reply_to=lanes.reply_topic,
+            top_n=min(top_n or len(documents), len(documents)), max_tokens_per_doc=max_tokens_per_doc,
+            reply_to=lanes.reply_topic,
             deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), sent_at_ms=sent)
         (reply,) = await lanes.call("rerank", self.settings.kafka.topic_rerank, [request], RerankReply, deadline)
         if reply.error is not None:

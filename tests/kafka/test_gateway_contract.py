@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from embedstream.config import EngineSettings, ModelConfig, Settings, SparseSettings
 from embedstream.corpus import stdlib_paragraphs
-from embedstream.engine.engine import Engine, EmbedRequest
+from embedstream.engine.engine import Engine, ScoreRequest
 from embedstream.engine.sparse_choice import build_sparse_encoder
 from embedstream.gateway import GatewayOptions, create_app
 from embedstream.producers.topics import ensure_topics
@@ -150,6 +150,49 @@ def test_left_truncation_and_cohere_start_and_max_tokens_cut_where_asked(http, m
         assert r.status_code == 200 and cos(r.json()["embeddings"]["float"][0], expected) >= 0.9999, (body, r.text)
     r = http.post("/v2/embed", json={"texts": [text], "truncate": "NONE", "max_tokens": 16})
     assert r.status_code == 422 and "max_tokens of 16" in r.json()["message"]
+
+
+def test_cohere_max_tokens_per_doc_cuts_each_document(http, stack, ce_engine):
+    """Cohere's max_tokens_per_doc travels on the RerankRequest to the rerank worker, which cuts each document to
+    that many tokens: its reply says every candidate was cut, and the scores are the reranker's for the cut ones."""
+    from embedstream.producers.query_client import QueryClient
+    from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest
+
+    docs = [" ".join(p.split()[:60]) for p in stdlib_paragraphs()[900:904]]
+    query = "read a file"
+    r = http.post("/v2/rerank", json={"query": query, "documents": docs, "max_tokens_per_doc": 8, "model": "rerank-v3.5"})
+    assert r.status_code == 200, r.text
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    cut, _ = ce_engine.score([ScoreRequest(i, query, d, max_passage_tokens=8) for i, d in enumerate(docs)])
+    np.testing.assert_allclose([got[i] for i in range(len(docs))], [s.score for s in cut], atol=1e-4)
+    kafka = stack.settings.kafka
+    assert any(sent.max_tokens_per_doc == 8 and [c.text for c in sent.candidates] == docs
+               for sent in _records(kafka, kafka.topic_rerank, RerankRequest)), "the gateway did not send the limit"
+    with QueryClient(kafka) as client:  # beside the gateway on its reply topic: each takes its own replies
+        for limit, truncated in ((8, True), (None, False)):
+            ask = RerankRequest(request_id=f"cut-{limit}", query=query, reply_to=client.reply_topic,
+                                candidates=[Candidate(id=str(i), text=d) for i, d in enumerate(docs)],
+                                top_n=len(docs), max_tokens_per_doc=limit)
+            reply = client.request(kafka.topic_rerank, ask, RerankReply, timeout_s=60)
+            assert reply.error is None and [x.truncated for x in reply.results] == [truncated] * len(docs)
+
+
+def _records(kafka, topic: str, model) -> list:
+    """Every record of ``topic`` so far, decoded as ``model`` (read without a group, from the beginning)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from embedstream.schemas.codec import decode
+
+    consumer = KafkaConsumer(**kafka.client_kwargs(), enable_auto_commit=False)
+    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    consumer.assign(parts)
+    consumer.seek_to_beginning()
+    ends, out = consumer.end_offsets(parts), []
+    while any(consumer.position(tp) < ends[tp] for tp in parts):
+        for batch in consumer.poll(timeout_ms=500).values():
+            out += [decode(record.value, model) for record in batch]
+    consumer.close()
+    return out
 
 
 def test_6_empty_input_is_400_empty(http):
