@@ -36,6 +36,7 @@ log = logs.get("embedstream.gateway")
 
 
 def _by_method(handlers: dict[str, Callable[[Request], Awaitable[Response]]]) -> Callable[[Request], Awaitable[Response]]:
+    """One endpoint for a path's methods (GET / is health, POST / TEI's root route); HEAD is GET's."""
     if len(handlers) == 1:
         return next(iter(handlers.values()))
 
@@ -43,8 +44,6 @@ def _by_method(handlers: dict[str, Callable[[Request], Awaitable[Response]]]) ->
         return await handlers[request.method if request.method != "HEAD" else "GET"](request)
 
     return dispatch
-
-
 
 
 def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, LagMonitor]:
@@ -137,7 +136,7 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
         "decode": routes_tei.decode, "health": health, "info": info, "metrics": metrics_route, "openapi": openapi,
     }
     boxed = {"rerank", "tei_root"}  # the body decides the dialect of their errors
-    # One Route per path, every method of the path on it (GET / is health, POST / TEI's root route)
+    # The route table decides what is served (and documented: openapi.py reads the same table)
     by_path: dict[str, dict[str, Callable]] = {}
     for op in OPERATIONS:
         by_path.setdefault(op.path, {})[op.method] = endpoint(op.name, op.dialect, handlers[op.name], op.name in boxed)
