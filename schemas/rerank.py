@@ -17,6 +17,7 @@ from embedstream.schemas.bounds import (
     MAX_FILTER_VALUES,
     MAX_FILTERS,
     MAX_NAME_CHARS,
+    MAX_SAFE_INTEGER,
     MAX_TOP_K,
     MAX_TOP_N,
     CollectionName,
@@ -64,6 +65,9 @@ class RerankRequest(WireModel):
     reply_to: TopicName = Field(description="Topic the reply is produced to")
     deadline_ms: EpochMs | None = Field(default=None, description="Epoch ms after which workers may drop the request")
     cut: bool = Field(default=False, description="Keep the first max_candidates instead of refusing a longer list")
+    max_tokens_per_doc: bounded_int(1, MAX_SAFE_INTEGER) | None = Field(
+        default=None, description="Cut each candidate to at most this many tokens (within the model's limit); None = "
+        "as much as the model's limit leaves beside the query")
     sent_at_ms: EpochMs | None = None
 
 

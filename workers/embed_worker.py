@@ -27,11 +27,12 @@ from embedstream.engine.prepared import Prepared
 from embedstream.engine.errors import EngineError
 from embedstream.engine.yield_points import yielding_to
 from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
-from embedstream.schemas.codec import DecodeError, decode
+from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, SparseTerms, now_ms
 from embedstream.workers.admission import SHED_MESSAGES, AdmissionConfig, LaneController
 from embedstream.workers.lane import Lane, SyncQueue, Taken
 from embedstream.workers.loop import new_worker_id
+from embedstream.workers.kafka_io import MAX_REQUEST_BYTES
 from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.policy import BULK, ONLINE, TurnPolicy
@@ -199,7 +200,9 @@ class EmbedWorker(StagedWorkerLoop):
     def _request(event) -> EmbedRequest:
         if isinstance(event, QueryRequest):
             return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, normalize=event.normalize,
-                                truncate=event.truncate, prompt=event.prompt, sparse=event.sparse)
+                                truncate=event.truncate, prompt=event.prompt, sparse=event.sparse,
+                                token_states=event.token_embeddings, truncate_left=event.truncation_direction == "left",
+                                max_tokens=event.max_tokens)
         return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document",
                             token_ids=event.token_id_array(), tokenizer=event.tokenizer)
 
@@ -389,6 +392,11 @@ class EmbedWorker(StagedWorkerLoop):
             timings_ms={"queue_wait": (start - item.received) * 1000, **timings.as_dict(),
                         "total": (time.perf_counter() - item.received) * 1000},
         )
+        if item.event.token_embeddings and result.token_states is not None:
+            too_large = _with_token_states(reply, result.token_states)
+            if too_large is not None:
+                self._reply_error(item.lane, item.record, item.event, item.handle, too_large)
+                return
         self.lanes[item.lane].reply(item.record, item.event, reply, item.handle)
         self.turns.replied(item.predicted_finish_ms, reply.timings_ms["total"], item.event.sent_at_ms, now_ms())
         self.metrics.texts.labels(lane=item.lane, kind="query").inc()
@@ -491,6 +499,20 @@ class EmbedWorker(StagedWorkerLoop):
 
     def readiness_checks(self) -> dict:
         return {**super().readiness_checks(), "qdrant": lambda: self.sink.store.list_collections() is not None}
+
+
+def _with_token_states(reply: QueryReply, states) -> ErrorInfo | None:
+    """Put a text's token states (TEI's /embed_all) on its reply, or say why they cannot travel: the reply is
+    one record, at most the reply producer's ``MAX_REQUEST_BYTES``."""
+    encoded = QueryReply.encode_token_states(states)
+    size = len(encode(reply)) + len(encoded) + 64  # the two new keys and their punctuation
+    if size > MAX_REQUEST_BYTES:
+        tokens, width = states.shape
+        return ErrorInfo(code="reply_too_large", message=(
+            f"{tokens} tokens x {width} floats make a {size:,}-byte reply, over the {MAX_REQUEST_BYTES:,}-byte "
+            "reply record: send a shorter input (or truncate it)"))
+    reply.token_embeddings, reply.token_dims = encoded, int(states.shape[1])
+    return None
 
 
 def _yield_points(engine: Engine) -> int:

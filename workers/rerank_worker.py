@@ -188,7 +188,8 @@ class RerankWorker(WorkerLoop):
         for pos in ready:
             item = live[pos]
             if isinstance(item.request, RerankRequest):
-                pairs += [ScoreRequest((pos, i), item.request.query, c.text) for i, c in enumerate(item.candidates)]
+                pairs += [ScoreRequest((pos, i), item.request.query, c.text, item.request.max_tokens_per_doc)
+                          for i, c in enumerate(item.candidates)]
             elif item.request.rerank:
                 pairs += Searcher.score_requests(item.request, retrieved[pos], key=pos)
         # At the pass's door, the last look (retrieval and a busy host take time): what would miss its deadline is
