@@ -1,7 +1,7 @@
 """Qdrant endpoints that fail as a server or a cluster does, for the real qdrant-client to meet (no Qdrant binary here).
 
-Each listens on loopback, on a port derived from ``EMBEDSTREAM_TEST_KAFKA_PORT`` (+600 and up: the suite's
-other services use +100 to +500), so parallel suites on one host keep apart:
+Each listens on loopback, on a port derived from ``EMBEDSTREAM_TEST_KAFKA_PORT`` (``ports.FAILING_ENDPOINTS`` and up:
+tests/ports.py), so parallel suites on one host keep apart:
 
 * :func:`closed_port`: nothing listens (a node down: connection refused);
 * :class:`SilentEndpoint`: accepts and never answers (a node hung, a partition: the client's timeout), or
@@ -14,15 +14,16 @@ other services use +100 to +500), so parallel suites on one host keep apart:
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import ports
+
 
 def endpoint_port(offset: int) -> int:
     """The test port ``offset`` (0-99) above the suite's fault-endpoint base."""
-    return int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 600 + offset
+    return ports.port(ports.FAILING_ENDPOINTS + offset)
 
 
 def closed_port(offset: int) -> int:

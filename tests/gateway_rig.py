@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import socket
 import threading
 
 import numpy as np
+import ports
 from conftest import isolated_settings, make_engine, memory_store
 from worker_rig import RunningWorker
 
@@ -30,7 +30,7 @@ from embedstream.workers.vector_search import VectorSearchWorker
 MODEL = "all-MiniLM-L6-v2"
 # Gateways of a test run listen 600..699 above its broker (+100 PostgreSQL, +200 Connect, +300 hybrid CLI,
 # +400 quick starts, +500 command cleanup), so parallel runs on one host each keep to their own range.
-_BASE = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 600
+_BASE = ports.port(ports.GATEWAYS)
 _next = itertools.count()
 
 

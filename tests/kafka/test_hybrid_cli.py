@@ -6,14 +6,14 @@ refused with the reason while dense searches of it go on."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+import ports
 from process_rig import Service, command_env, http_status, leftovers, run, wait_until
 
 pytestmark = pytest.mark.kafka
 
-BASE = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 300
+BASE = ports.port(ports.HYBRID_CLI)
 BROKER, METRICS = BASE, BASE + 10
 
 DOCS = {
