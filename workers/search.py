@@ -39,7 +39,7 @@ from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreR
 from embedstream.engine.errors import EngineError
 from embedstream.engine.sparse import SparseEncoder
 from embedstream.errors import CodedError
-from embedstream.ranking import FUSIONS, fuse, ordered, score_key
+from embedstream.ranking import FUSIONS, Candidates, fuse, ordered, score_key
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
@@ -271,14 +271,18 @@ class Searcher:
 
     def _hybrid(self, collection: str, plan: SearchPlan, query: np.ndarray, sparse: SparseVector,
                 request: SearchRequest) -> tuple[list[Hit], list[float]]:
-        """The dense candidates (the plan's search, rescored) and the sparse ones, fused by the request's fusion."""
+        """The dense candidates (the plan's search, rescored) and the sparse ones, fused by the request's fusion.
+        A sparse-only candidate gets its exact dense score too (its stored vector against the query)."""
         filters = dict(request.filters) or None
-        dense_hits, dense_scores = self._search(collection, plan, query, request.dense_limit or request.top_k, filters)
-        sparse_hits = self._ordered_search(collection, plan.sparse_name, sparse,  # type: ignore[arg-type]
-                                           request.sparse_limit or request.top_k, filters)
+        dense_limit, sparse_limit = request.dense_limit or request.top_k, request.sparse_limit or request.top_k
+        dense_hits, dense_scores = self._search(collection, plan, query, dense_limit, filters)
+        sparse_hits = self._ordered_search(collection, plan.sparse_name, sparse, sparse_limit, filters)  # type: ignore[arg-type]
         found = {hit.id: hit for hit in (*sparse_hits, *dense_hits)}
-        fused = fuse([[(h.id, s) for h, s in zip(dense_hits, dense_scores)], [(h.id, h.score) for h in sparse_hits]],
-                     FUSIONS[request.fusion], request.top_k)
+        fusion = FUSIONS[request.fusion]
+        sparse_only = [h.id for h in sparse_hits if h.id not in {d.id for d in dense_hits}]
+        extra = self._exact_scores(collection, plan, sparse_only, query) if fusion.method == "logit" else {}
+        fused = fuse([Candidates([(h.id, s) for h, s in zip(dense_hits, dense_scores)], dense_limit, extra),
+                      Candidates([(h.id, h.score) for h in sparse_hits], sparse_limit)], fusion, request.top_k)
         hits = [Hit(f.id, f.score, found[f.id].payload, "fusion") for f in fused]
         return hits, [f.score for f in fused]
 
@@ -299,25 +303,25 @@ class Searcher:
         limit = wide if plan.uint8 else top_k
         hits = self._ordered_search(collection, FULL, query_form(query, plan.full.datatype), limit, filters, prefetch)
         if plan.uint8 and hits:
-            return self._rescore_uint8(collection, hits, query, top_k)
+            return self._rescore_uint8(collection, plan, hits, query, top_k)
         return hits, [h.score for h in hits]
 
-    def _rescore_uint8(self, collection: str, hits: list[Hit], query: np.ndarray,
+    def _rescore_uint8(self, collection: str, plan: SearchPlan, hits: list[Hit], query: np.ndarray,
                        top_k: int) -> tuple[list[Hit], list[float]]:
         """Exact rescoring of uint8 candidates on their dequantised full vectors (ordered by the rule)."""
-        doc_ids = sorted({str(h.payload.get("doc_id")) for h in hits if h.payload.get("doc_id") is not None})
-        vectors: dict[str, Any] = {}
-        if doc_ids:
-            for point in self.store.scroll(collection, "doc_id", doc_ids, with_vectors=True):
-                if FULL in point.vectors:
-                    vectors[point.id] = point.vectors[FULL]
-        rescored: list[tuple[Hit, float]] = []
-        for hit in hits:
-            stored = vectors.get(hit.id)
-            # vector not retrievable: keep the store's score
-            rescored.append((hit, hit.score if stored is None else float(l2_normalize(uint8_decode(stored)) @ query)))
+        exact = self._exact_scores(collection, plan, [h.id for h in hits], query)
+        # a vector not retrievable keeps the store's score
+        rescored = [(hit, exact.get(hit.id, hit.score)) for hit in hits]
         top = ordered(rescored, score=lambda pair: pair[1], ident=lambda pair: pair[0].id)[:top_k]
         return [hit for hit, _ in top], [score for _, score in top]
+
+    def _exact_scores(self, collection: str, plan: SearchPlan, ids: list[str], query: np.ndarray) -> dict[str, float]:
+        """Cosine of the float query with these points' stored full vectors (uint8 ones dequantised), one round trip."""
+        if not ids:
+            return {}
+        decode = uint8_decode if plan.uint8 else (lambda v: np.asarray(v, dtype=np.float32))
+        return {pid: float(l2_normalize(decode(vector)) @ query)
+                for pid, vector in self.store.get_vectors(collection, ids, FULL).items()}
 
     @staticmethod
     def score_requests(request: SearchRequest, retrieved: Retrieved, key: Any = None) -> list[ScoreRequest]:

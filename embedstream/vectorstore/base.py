@@ -294,6 +294,11 @@ class VectorStore(ABC):
         """
 
     @abstractmethod
+    def get_vectors(self, name: str, ids: Sequence[str], vector_name: str) -> dict[str, Any]:
+        """The ``vector_name`` vectors of the points with these ids, in one round trip: canonical id -> vector
+        (as stored: uint8 ones as their integers, or L2-normalised by ``:memory:``). Ids with no point are left out."""
+
+    @abstractmethod
     def search(
         self,
         name: str,

@@ -470,6 +470,16 @@ class EdgeStore(VectorStore):
             records = self._shard(col).retrieve(pids, with_payload=True, with_vector=False)
         return {normalize_id(r.id): dict(r.payload or {}) for r in records}
 
+    def get_vectors(self, name: str, ids: Sequence[str], vector_name: str) -> dict[str, Any]:
+        if not ids:
+            return {}
+        col = self.resolve(name)
+        check_vector_name(self._load_specs(col), vector_name, col)
+        pids = list(dict.fromkeys(normalize_id(i) for i in ids))
+        with self._rw.read():
+            records = self._shard(col).retrieve(pids, with_payload=False, with_vector=[vector_name])
+        return {normalize_id(r.id): _from_edge(r.vector[vector_name]) for r in records if vector_name in (r.vector or {})}
+
     def search(
         self,
         name: str,

@@ -372,6 +372,18 @@ class QdrantClientStore(VectorStore):
             raise self._not_found(name, exc) from exc
         return {normalize_id(r.id): dict(r.payload or {}) for r in records}
 
+    def get_vectors(self, name: str, ids: Sequence[str], vector_name: str) -> dict[str, Any]:
+        if not ids:
+            return {}
+        check_vector_name(self._cached_specs(name), vector_name, name)
+        pids = list(dict.fromkeys(normalize_id(i) for i in ids))
+        try:
+            records = self.client.retrieve(collection_name=name, ids=pids, with_payload=False, with_vectors=[vector_name])
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+        return {normalize_id(r.id): _from_qdrant(r.vector[vector_name]) for r in records
+                if isinstance(r.vector, dict) and vector_name in r.vector}
+
     def search(
         self,
         name: str,
