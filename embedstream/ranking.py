@@ -19,14 +19,15 @@ does not depend on the order in which the store returned equal scores. Methods (
   ``(s - (mean - 3 sd)) / (6 sd)`` (sample sd; a list of one, or of equal scores, maps to 0.5), summed;
 * ``convex``: ``alpha * dense + (1 - alpha) * sparse`` of scores normalised by their list's best one
   (a cosine's and a BM25 score's floor taken as 0), 0 where a point is absent;
-* ``logit``: ``sum scale_i * score_i``: each retriever's score in the units it was trained or derived
-  in, the log-odds of a match: BM25 is a sum of Robertson-Sparck Jones log-odds weights (scale 1), a
-  SPLADE score is the dot product its contrastive loss took as the logit (scale 1), a sentence-transformers
-  bi-encoder's logit is its cosine times the loss's scale (20: MultipleNegativesRankingLoss's, the
-  all-MiniLM family's). Every candidate gets a score from every list: its own, else the exact one the
-  caller computed (:attr:`Candidates.extra`: the dense cosine of a sparse-only point), else 0 where the
-  store returned fewer than the limit (no other point matches at all: a rare word), else the list's
-  lowest score (the best a point below the cut can have).
+* ``logit``: ``sum scale_i * score_i``: each retriever's score in log-odds-like units: BM25 is a sum of
+  Robertson-Sparck Jones log-odds weights and a SPLADE score is the dot product its contrastive loss took
+  as the logit (scale 1 both); a sentence-transformers bi-encoder's logit is its cosine times its loss's
+  scale (MultipleNegativesRankingLoss's 20). The dense scale used, :data:`DENSE_LOGIT_SCALE` = 30, is
+  the measured one (`bench quality --hybrid`, docs/fusion.md: 20 left known-item recall at dense's, 25-30
+  gained it with exact terms kept). Every candidate gets a score from every list: its own, else the
+  exact one the caller computed (:attr:`Candidates.extra`: the dense cosine of a sparse-only point),
+  else 0 where the store returned fewer than the limit (no other point matches at all: a rare word),
+  else the list's lowest score (the best a point below the cut can have).
 
 The fusion the searcher uses when a request names none is :data:`DEFAULT_FUSION`, chosen by
 `embedstream bench quality --hybrid` (docs/fusion.md has the tables).
@@ -167,8 +168,7 @@ def _by_best(scores: list[float]) -> list[float]:
     return [max(s, 0.0) / top if top > 0 else 0.0 for s in scores]
 
 
-#: The logit scale of a sentence-transformers bi-encoder's cosine (MultipleNegativesRankingLoss's default
-#: scale, the all-MiniLM family's): the ``logit`` fusion's dense weight.
+#: The ``logit`` fusion's dense weight: a cosine in BM25's units (measured: docs/fusion.md).
 DENSE_LOGIT_SCALE = Fraction(30)
 
 #: The fusions a request may name (``SearchRequest.fusion``); the first is the default.

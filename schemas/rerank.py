@@ -117,7 +117,7 @@ class SearchRequest(WireModel):
         "the store (the collection needs its sparse vector), top_k of the fused list go on to the reranker")
     fusion: FusionName = Field(
         default=DEFAULT_FUSION, description="hybrid: how the dense and sparse lists are fused (embedstream.ranking): "
-        "logit (cosine x 20 + sparse score, the default, chosen by bench quality --hybrid), rrf (reciprocal rank, "
+        "logit (cosine x 30 + sparse score, the default, chosen by bench quality --hybrid), rrf (reciprocal rank, "
         "k 60), wrrf (RRF, dense weighted 2), dbsf (distribution-based score fusion), convex (scores over their "
         "list's best, alpha 0.5)")
     dense_limit: bounded_int(1, MAX_TOP_K, "hybrid: candidates of the dense search (default top_k)") | None = None

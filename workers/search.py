@@ -271,20 +271,31 @@ class Searcher:
 
     def _hybrid(self, collection: str, plan: SearchPlan, query: np.ndarray, sparse: SparseVector,
                 request: SearchRequest) -> tuple[list[Hit], list[float]]:
-        """The dense candidates (the plan's search, rescored) and the sparse ones, fused by the request's fusion.
-        A sparse-only candidate gets its exact dense score too (its stored vector against the query)."""
+        """The request's fusion of the dense and sparse candidates."""
+        fusion = FUSIONS[request.fusion]
+        dense, sparse_list, found = self.hybrid_candidates(collection, query, sparse, request,
+                                                           exact=fusion.method == "logit")
+        fused = fuse([dense, sparse_list], fusion, request.top_k)
+        hits = [Hit(f.id, f.score, found[f.id].payload, "fusion") for f in fused]
+        return hits, [f.score for f in fused]
+
+    def hybrid_candidates(self, collection: str, query: np.ndarray, sparse: SparseVector, request: SearchRequest,
+                          exact: bool = True) -> tuple[Candidates, Candidates, dict[str, Hit]]:
+        """The two lists a hybrid search fuses (``bench quality --hybrid`` fuses them with every fusion): the dense
+        candidates (the plan's search, rescored) and the sparse ones, in the rule's order, and every candidate's
+        hit. With ``exact``, a sparse-only candidate gets its exact dense score too (its stored vector against
+        the query, one round trip)."""
+        plan = self.plan(collection)
         filters = dict(request.filters) or None
         dense_limit, sparse_limit = request.dense_limit or request.top_k, request.sparse_limit or request.top_k
         dense_hits, dense_scores = self._search(collection, plan, query, dense_limit, filters)
         sparse_hits = self._ordered_search(collection, plan.sparse_name, sparse, sparse_limit, filters)  # type: ignore[arg-type]
-        found = {hit.id: hit for hit in (*sparse_hits, *dense_hits)}
-        fusion = FUSIONS[request.fusion]
-        sparse_only = [h.id for h in sparse_hits if h.id not in {d.id for d in dense_hits}]
-        extra = self._exact_scores(collection, plan, sparse_only, query) if fusion.method == "logit" else {}
-        fused = fuse([Candidates([(h.id, s) for h, s in zip(dense_hits, dense_scores)], dense_limit, extra),
-                      Candidates([(h.id, h.score) for h in sparse_hits], sparse_limit)], fusion, request.top_k)
-        hits = [Hit(f.id, f.score, found[f.id].payload, "fusion") for f in fused]
-        return hits, [f.score for f in fused]
+        in_dense = {h.id for h in dense_hits}
+        sparse_only = [h.id for h in sparse_hits if h.id not in in_dense]
+        extra = self._exact_scores(collection, plan, sparse_only, query) if exact else {}
+        return (Candidates([(h.id, s) for h, s in zip(dense_hits, dense_scores)], dense_limit, extra),
+                Candidates([(h.id, h.score) for h in sparse_hits], sparse_limit),
+                {hit.id: hit for hit in (*sparse_hits, *dense_hits)})
 
     def _ordered_search(self, collection: str, vector_name: str, vector: Any, limit: int, filters: dict | None,
                         prefetch: list[Prefetch] | None = None) -> list[Hit]:
