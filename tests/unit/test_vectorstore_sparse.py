@@ -94,3 +94,16 @@ def test_deleting_a_point_removes_its_sparse_vector_too(store, data):
     store.delete_points("docs", [data["ids"][5]])
     assert data["ids"][5] not in [h.id for h in store.search("docs", "sparse_bm25", query, N)]
     assert data["ids"][5] not in [h.id for h in store.search("docs", "sparse_splade", query, N)]
+
+
+def test_get_vectors_reads_one_named_vector_by_id(store, data):
+    _fill(store, data)
+    wanted = [data["ids"][4], data["ids"][9], "00000000-0000-0000-0000-00000000beef"]  # the last has no point
+    got = store.get_vectors("docs", wanted, "full")
+    assert set(got) == set(wanted[:2])
+    for i in (4, 9):
+        np.testing.assert_allclose(got[data["ids"][i]], data["dense"][i], atol=1e-6)
+    assert store.get_vectors("docs", [data["ids"][4]], "sparse_bm25")[data["ids"][4]] == data["sparse"][4]
+    assert store.get_vectors("docs", [], "full") == {}
+    with pytest.raises(ValueError, match="mrl_8"):
+        store.get_vectors("docs", wanted, "mrl_8")
