@@ -27,7 +27,7 @@ import numpy as np
 
 from embedstream import logs
 from embedstream.bench import hybrid_set
-from embedstream.ranking import DEFAULT_FUSION, DENSE_LOGIT_SCALE, FUSIONS, Fusion, fuse, ordered, score_key
+from embedstream.ranking import DEFAULT_FUSION, DENSE_LOGIT_SCALE, FUSIONS, Fusion, fuse, score_key
 
 KINDS = ("known_item", "exact_term")
 CANDIDATES = 50  # per list (dense, sparse), as a search's default top_k; the reranker sees the fused top of these
