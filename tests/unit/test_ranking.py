@@ -12,7 +12,7 @@ import pytest
 from qdrant_client import models
 from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
-from embedstream.ranking import FUSIONS, Candidates, Fusion, fuse, ordered, score_key
+from embedstream.ranking import DENSE_LOGIT_SCALE, FUSIONS, Candidates, Fusion, fuse, ordered, score_key
 
 
 def _id(n: int) -> str:
@@ -110,18 +110,19 @@ def test_fuse_refuses_a_list_count_its_weights_do_not_match():
 
 
 def test_logit_fusion_scores_every_candidate_in_every_list():
-    """20 x cosine + BM25: a sparse-only point's cosine is the exact one given; a dense-only point scores 0
+    """30 x cosine + BM25: a sparse-only point's cosine is the exact one given; a dense-only point scores 0
     in a sparse list the store exhausted (it matches no query term) and the cut's score below a full one."""
     logit = FUSIONS["logit"]
+    assert logit.weights == (DENSE_LOGIT_SCALE, 1) and DENSE_LOGIT_SCALE == 30
     dense = [(_id(1), 0.50), (_id(2), 0.45)]
-    sparse = [(_id(3), 4.0)]
+    sparse = [(_id(3), 6.0)]
     exhausted = fuse([Candidates(dense, 2, {_id(3): 0.30}), Candidates(sparse, 10)], logit, 3)
-    assert {f.id: f.score for f in exhausted} == pytest.approx({_id(1): 10.0, _id(2): 9.0, _id(3): 10.0})
-    assert [f.id for f in exhausted] == [_id(1), _id(3), _id(2)]  # 10.0 tie: the same best rank (1): the id
+    assert {f.id: f.score for f in exhausted} == pytest.approx({_id(1): 15.0, _id(2): 13.5, _id(3): 15.0})
+    assert [f.id for f in exhausted] == [_id(1), _id(3), _id(2)]  # 15.0 tie, the same best rank (1): the id
     full = fuse([Candidates(dense, 2, {_id(3): 0.30}), Candidates(sparse, 1)], logit, 3)
-    assert {f.id: f.score for f in full} == pytest.approx({_id(1): 14.0, _id(2): 13.0, _id(3): 10.0})
+    assert {f.id: f.score for f in full} == pytest.approx({_id(1): 21.0, _id(2): 19.5, _id(3): 15.0})
     unknown = fuse([Candidates(dense, 2), Candidates(sparse, 10)], logit, 3)  # no exact cosine: the cut's
-    assert {f.id: f.score for f in unknown}[_id(3)] == pytest.approx(20 * 0.45 + 4.0)
+    assert {f.id: f.score for f in unknown}[_id(3)] == pytest.approx(30 * 0.45 + 6.0)
 
 
 def test_a_lone_sparse_match_beats_dense_neighbours_that_match_no_term():
