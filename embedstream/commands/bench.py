@@ -191,10 +191,13 @@ def bench_quality(
     k: int = typer.Option(10, help="recall@k"),
     rescore: int = typer.Option(4, help="Rescoring pass: k x this many candidates rescored on float32"),
     threads: Optional[int] = typer.Option(None, help="torch threads for the (cached) embedding run"),
-    hybrid: bool = typer.Option(False, "--hybrid", help="Dense vs BM25 vs SPLADE vs fused retrieval on a labelled set "
-                                "(known-item + exact-term queries), and the sparse vectors' bulk cost"),
-    chunks: int = typer.Option(3000, help="--hybrid: indexed chunks"),
+    hybrid: bool = typer.Option(False, "--hybrid", help="Dense vs BM25 vs SPLADE vs every fusion on labelled sets "
+                                "(known-item + exact-term queries) per corpus, and the sparse vectors' bulk cost"),
+    chunks: int = typer.Option(3000, help="--hybrid: indexed texts per corpus (at most)"),
+    corpus: list[str] = typer.Option(["prose", "api"], help="--hybrid: prose (stdlib docstring chunks) and/or api "
+                                     "(stdlib API reference records); repeat the flag"),
     reranker: Optional[str] = typer.Option(None, help="--hybrid: cross-encoder for the hybrid + rerank row"),
+    cost_chunks: int = typer.Option(1000, min=1, help="--hybrid: chunks of the bulk-cost table (engine alone)"),
 ) -> None:
     """recall@k of float16 / int8 / uint8-as-stored / binary vs exact float32 on ≥10k real chunks, with and without
     rescoring; with --hybrid, MRR@k and recall@k of dense, sparse and hybrid retrieval."""
@@ -202,7 +205,13 @@ def bench_quality(
     if hybrid:
         from embedstream.bench import hybrid_bench
 
-        hybrid_bench.print_table(hybrid_bench.run(model, chunks, queries, queries, k, threads or 1, reranker=reranker))
+        from embedstream.bench import hybrid_set
+
+        bad = [c for c in corpus if c not in hybrid_set.CORPORA]
+        if bad:
+            raise typer.BadParameter(f"unknown corpus {bad[0]!r}; choose from {', '.join(hybrid_set.CORPORA)}")
+        hybrid_bench.print_table(hybrid_bench.run(model, chunks, queries, queries, k, threads or 1, reranker=reranker,
+                                                  cost_chunks=cost_chunks, corpora=tuple(corpus)))
         return
     from embedstream.bench import quality_bench
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from embedstream import logs
 from embedstream.commands.options import BROKER_PORT, BrokerPort
 from embedstream.config import Settings
+from embedstream.ranking import DEFAULT_FUSION, FUSIONS
 
 app = typer.Typer()
 PANEL = "Pipeline clients"  # where `embedstream --help` lists these commands
@@ -110,7 +111,8 @@ def search(
     filter: Optional[list[str]] = typer.Option(None, "--filter", help="Payload filter field=value; repeat (same field: any of)"),
     mode: str = typer.Option("dense", help="dense | hybrid (dense and sparse searches fused; the collection needs its "
                                            "sparse vector)"),
-    fusion: str = typer.Option("rrf", help="hybrid: rrf (reciprocal rank fusion) | dbsf (distribution-based score fusion)"),
+    fusion: str = typer.Option(DEFAULT_FUSION, help=f"hybrid: how the lists are fused: {' | '.join(FUSIONS)} "
+                                                    "(docs/fusion.md)"),
     dense_limit: Optional[int] = typer.Option(None, help="hybrid: candidates of the dense search (default top-k)"),
     sparse_limit: Optional[int] = typer.Option(None, help="hybrid: candidates of the sparse search (default top-k)"),
     timeout: float = typer.Option(30.0, help="Seconds to wait for the reply"),

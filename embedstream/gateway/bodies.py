@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, Strict
 from starlette.requests import Request
 
 from embedstream.gateway.errors import ApiError
+from embedstream.ranking import DEFAULT_FUSION, FusionName
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -258,7 +259,7 @@ class SearchBody(_Body):
     filters: dict[str, Any] = Field(default_factory=dict)
     rerank: StrictBool = True
     mode: Literal["dense", "hybrid"] = "dense"  # hybrid: dense and sparse searches fused by the store
-    fusion: Literal["rrf", "dbsf"] = "rrf"
+    fusion: FusionName = DEFAULT_FUSION
     dense_limit: StrictInt | None = None
     sparse_limit: StrictInt | None = None
 

@@ -10,6 +10,7 @@ from conftest import make_engine
 from embedstream.bench import hybrid_set
 from embedstream.engine.engine import EmbedRequest
 from embedstream.engine.sparse import BM25Encoder
+from embedstream.ranking import DEFAULT_FUSION
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.vectorstore.factory import open_store
@@ -52,7 +53,7 @@ def test_sink_writes_the_rows_sparse_vector_into_the_same_point(engine, labelled
         assert point.vectors["sparse_bm25"] == engine.sparse.encode_texts([text], query=False)[0]
 
 
-@pytest.mark.parametrize("fusion", ["rrf", "dbsf"])
+@pytest.mark.parametrize("fusion", [DEFAULT_FUSION, "rrf", "dbsf"])  # wrrf and convex lean on dense by design
 def test_hybrid_finds_exact_terms_a_random_dense_model_cannot(engine, labelled, fusion):
     """The tiny random BERT ranks by noise; the fused list still brings the chunk holding the identifier."""
     store = _index(engine, labelled, "bm25")
