@@ -118,6 +118,10 @@ class SparseSettings(BaseModel):
     bm25_b: float = Field(default=0.75, ge=0, le=1, description="BM25's b: how much the chunk's length normalises "
                           "its weights (0: not at all, 1: fully)")
     bm25_avg_len: float = Field(default=256.0, gt=0, description="Typical document length in terms (length normalisation)")
+    dense_scale: float = Field(
+        default=30.0, gt=0, description="The default hybrid fusion (logit): the weight of the dense cosine against "
+        "the sparse score (a cosine in BM25's log-odds units). 30 was measured for all-MiniLM-L6-v2; another model "
+        "may want another value: `embedstream bench quality --hybrid` measures it (docs/fusion.md)")
 
 
 class KafkaSettings(BaseModel):

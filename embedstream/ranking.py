@@ -182,3 +182,11 @@ FUSIONS: dict[str, Fusion] = {
 }
 DEFAULT_FUSION: FusionName = "logit"
 assert tuple(FUSIONS) == FusionName.__args__ and DEFAULT_FUSION == next(iter(FUSIONS))
+
+
+def fusion_named(name: str, dense_scale: float | Fraction = DENSE_LOGIT_SCALE) -> Fusion:
+    """The fusion a request names, ``logit`` with the deployment's dense scale (``EMBEDSTREAM_SPARSE__DENSE_SCALE``)."""
+    fusion = FUSIONS[name]
+    if fusion.method != "logit":
+        return fusion
+    return Fusion("logit", (Fraction(dense_scale).limit_denominator(1000), *fusion.weights[1:]), fusion.k)

@@ -39,7 +39,7 @@ from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreR
 from embedstream.engine.errors import EngineError
 from embedstream.engine.sparse import SparseEncoder
 from embedstream.errors import CodedError
-from embedstream.ranking import FUSIONS, Candidates, fuse, ordered, score_key
+from embedstream.ranking import DENSE_LOGIT_SCALE, Candidates, fuse, fusion_named, ordered, score_key
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
@@ -172,8 +172,10 @@ class Searcher:
     """Query -> vector -> Qdrant -> (optionally) cross-encoder, with per-stage timings."""
 
     def __init__(self, store: VectorStore, embedder: Engine | Embedder, reranker: Engine | None = None,
-                 default_collection: str = "docs", rescore_factor: int = 4, sparse: SparseEncoder | None = None):
+                 default_collection: str = "docs", rescore_factor: int = 4, sparse: SparseEncoder | None = None,
+                 dense_scale: float = float(DENSE_LOGIT_SCALE)):
         self.store = store
+        self.dense_scale = dense_scale  # the logit fusion's weight of the dense cosine (EMBEDSTREAM_SPARSE__DENSE_SCALE)
         # hybrid queries' sparse vectors: the given encoder, else an in-process embed engine's own
         self.sparse = sparse if sparse is not None else getattr(embedder, "sparse", None)
         self.embedder: Embedder = engine_embedder(embedder) if isinstance(embedder, Engine) else embedder
@@ -272,7 +274,7 @@ class Searcher:
     def _hybrid(self, collection: str, plan: SearchPlan, query: np.ndarray, sparse: SparseVector,
                 request: SearchRequest) -> tuple[list[Hit], list[float]]:
         """The request's fusion of the dense and sparse candidates."""
-        fusion = FUSIONS[request.fusion]
+        fusion = fusion_named(request.fusion, self.dense_scale)
         dense, sparse_list, found = self.hybrid_candidates(collection, query, sparse, request,
                                                            exact=fusion.method == "logit")
         fused = fuse([dense, sparse_list], fusion, request.top_k)
