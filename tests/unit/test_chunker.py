@@ -241,3 +241,47 @@ def test_byte_level_bpe_chunks_respect_the_limit(byte_level_tokenizer, documents
         for chunk in chunks:
             assert len(byte_level_tokenizer.encode(chunk).ids) <= 128
         _assert_covers(chunker, text, chunks)
+
+
+_SENTENCE_GAP = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
+
+
+def _edit_one_sentence(text: str, seed: int) -> str:
+    """The text with one sentence near its middle replaced, inserted or deleted (by seed), gaps kept."""
+    sentences, gaps = _SENTENCE_GAP.split(text), _SENTENCE_GAP.findall(text)
+    at = len(sentences) // 2 + seed % 5 - 2
+    new = f"This sentence was rewritten in revision {seed} and now says something else."
+    if seed % 3 == 0:
+        sentences[at] = new
+    elif seed % 3 == 1:
+        sentences.insert(at, new)
+        gaps.insert(at, " ")
+    else:
+        del sentences[at]
+        del gaps[at]
+    return sentences[0] + "".join(gap + sentence for gap, sentence in zip(gaps, sentences[1:]))
+
+
+@pytest.mark.parametrize("shape", ["paragraphs", "long paragraphs", "one paragraph"])
+def test_a_one_sentence_edit_changes_only_the_chunks_near_it(tokenizer, docstrings, shape):
+    """Chunk boundaries are anchored on the content around them, not on the document's start: a sentence
+    replaced, inserted or deleted in the middle of a ~20 KB document leaves every other chunk's text as it
+    was. (The greedy token-filled cuts moved later boundaries too: up to 5 / 5 / 16 new chunks for these shapes.)"""
+    paragraphs = [re.sub(r"\s+", " ", p) for d in docstrings for p in d.split("\n\n") if p.rstrip().endswith(".")]
+    chunker = Chunker(tokenizer, 256, chunk_tokens=200, overlap_tokens=32)
+    changed = []
+    for seed in range(12):
+        rng = random.Random(seed)
+        group = {"paragraphs": 1, "long paragraphs": 5, "one paragraph": 1}[shape]
+        parts = []
+        while sum(len(p) + 2 for p in parts) < 20_000:
+            parts.append(" ".join(rng.choice(paragraphs) for _ in range(group)))
+        text = ("\n\n" if shape != "one paragraph" else " ").join(parts)
+        before, after = chunker.chunk(text), chunker.chunk(_edit_one_sentence(text, seed))
+        assert len(before) >= 25
+        new = [i for i, chunk in enumerate(after) if chunk not in set(before)]
+        assert new, "the edit shows in some chunk"
+        assert len(new) <= 4 and new[-1] - new[0] < len(new) + 1, f"{len(new)} chunks changed, not only those around the edit"
+        assert after[: new[0]] == before[: new[0]], "every chunk before the edit is kept"
+        changed.append(len(new))
+    assert sum(changed) / len(changed) <= 3, changed  # issue #36's target: <= 3 chunks re-embedded per edit
