@@ -311,6 +311,18 @@ class QdrantClientStore(VectorStore):
         ]
         self.client.upsert(collection_name=name, points=structs, wait=wait)
 
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+        if not payloads:
+            return
+        # selected by a has_id filter: an id with no point matches nothing (a points list would fail the call)
+        ops = [models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(
+            payload=dict(payload), filter=models.Filter(must=[models.HasIdCondition(has_id=[normalize_id(pid)])])))
+            for pid, payload in payloads.items()]
+        try:
+            self.client.batch_update_points(collection_name=name, update_operations=ops, wait=wait)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
         if not ids:
             return
