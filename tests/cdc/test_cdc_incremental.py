@@ -5,45 +5,17 @@ every mix the collection equals the table: text, metadata, no stale chunk."""
 
 from __future__ import annotations
 
-import random
-import re
-
 import pytest
 from cdc_pipeline import Rig, expected_state
 from conftest import read_dead_letters
 
-from embedstream.corpus import stdlib_paragraphs
+from embedstream.corpus import edit_sentence, stdlib_paragraphs
+from embedstream.corpus import long_text as long_body
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.debezium import CdcConfig
 
 CONFIG = CdcConfig("id", ("title", "body"), ("status",))
 DDL = "CREATE TABLE {t} (id int PRIMARY KEY, title text, body text, status text)"
-SENTENCE_GAP = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
-
-
-def long_body(seed: int, chars: int = 20_000) -> str:
-    """~20 KB of real prose (stdlib docstring paragraphs, seeded): TOASTed, so a status-only UPDATE sends
-    Debezium's placeholder for it."""
-    rng, paragraphs, out = random.Random(seed), stdlib_paragraphs(), []
-    while sum(len(p) + 2 for p in out) < chars:
-        out.append(rng.choice(paragraphs))
-    return "\n\n".join(out)
-
-
-def edit_sentence(text: str, seed: int) -> str:
-    """One sentence near the middle replaced, inserted or deleted (by seed); every other character kept."""
-    sentences, gaps = SENTENCE_GAP.split(text), SENTENCE_GAP.findall(text)
-    at = len(sentences) // 2 + seed % 7 - 3
-    new = f"Revision {seed} rewrote this sentence to say something else entirely."
-    if seed % 3 == 0:
-        sentences[at] = new
-    elif seed % 3 == 1:
-        sentences.insert(at, new)
-        gaps.insert(at, " ")
-    else:
-        del sentences[at]
-        del gaps[at]
-    return sentences[0] + "".join(gap + sentence for gap, sentence in zip(gaps, sentences[1:]))
 
 
 @pytest.fixture
