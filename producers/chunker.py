@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,6 +46,8 @@ _MAX_REPAIR_ROUNDS = 8
 _ANCHOR_CONTEXT = 24  # tokens before a cut whose text ranks it (content-defined cuts)
 _HASH_BASE = 0x100000001B3  # the polynomial hash's base (FNV's 64-bit prime)
 _ANCHOR_SPACING = 2  # anchors lie more than (chunk - overlap) / this many tokens apart
+_RECENT_DOCUMENTS = 256  # texts whose spans a chunker remembers (~5 MB at 20 KB each)
+_RECENT_CHUNKS = 4096  # chunk texts whose wire ids ChunkIds remembers (~6 MB at 200 tokens each)
 
 # Tokenizer parts under which text cut at whitespace re-tokenizes to exactly the token slice it
 # came from (per-character normalisation, whitespace-splitting pre-tokenisation, per-word models).
@@ -106,6 +110,7 @@ class Chunker:
         self.reserved_tokens = reserved_tokens
         self.tokenizer = _without_truncation(tokenizer)
         self._whitespace_exact = _cuts_at_whitespace_are_exact(self.tokenizer)
+        self._recent = _Recent(_RECENT_DOCUMENTS)  # text -> its spans
         self.ids: ChunkIds | None = None  # set by for_model: chunks then carry the model's token ids
 
     @classmethod
@@ -147,13 +152,22 @@ class Chunker:
         return self.spans_many([text])[0]
 
     def spans_many(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
-        """spans() for many texts with one batched tokenizer call."""
-        live = [i for i, text in enumerate(texts) if text and not text.isspace()]
+        """spans() for many texts with one batched tokenizer call (a text chunked lately is not tokenized
+        again: a document sent again with new metadata only, a replay)."""
         out: list[list[tuple[int, int]]] = [[] for _ in texts]
-        if live:
-            encodings = self.tokenizer.encode_batch([texts[i] for i in live], add_special_tokens=False)
-            for i, encoding in zip(live, encodings):
+        todo = []
+        for i, text in enumerate(texts):
+            if text and not text.isspace():
+                known = self._recent.get(text)
+                if known is None:
+                    todo.append(i)
+                else:
+                    out[i] = list(known)
+        if todo:
+            encodings = self.tokenizer.encode_batch([texts[i] for i in todo], add_special_tokens=False)
+            for i, encoding in zip(todo, encodings):
                 out[i] = self._fit(texts[i], *self._plan_spans(texts[i], 0, encoding, self.chunk_tokens, self.overlap_tokens))
+                self._recent.put(texts[i], tuple(out[i]))
         return out
 
     def _fit(self, text: str, spans: list[tuple[int, int]], checked: list[bool]) -> list[tuple[int, int]]:
@@ -219,16 +233,48 @@ class ChunkIds:
         self.prompt = prompt or ""
         self.fingerprint = tokenizer.fingerprint(prompt)
         self.dtype: TokenDtype = dtype_for_vocab(tokenizer.vocab_size)
+        self._recent = _Recent(_RECENT_CHUNKS)  # chunk text -> its wire ids (an edit leaves most chunks as they were)
 
     def encode(self, chunks: Sequence[str]) -> list[str | None]:
         """Base64 ids per chunk (None where the engine would refuse the text: empty, over the limit)."""
-        live = [i for i, chunk in enumerate(chunks) if chunk.strip()]
         out: list[str | None] = [None] * len(chunks)
+        live = []
+        for i, chunk in enumerate(chunks):
+            if chunk.strip():
+                known = self._recent.get(chunk)
+                if known is None:
+                    live.append(i)
+                else:
+                    out[i] = known
         encoded = self.tokenizer.encode_many([self.prompt + chunks[i] for i in live], [False] * len(live)) if live else []
         for i, tok in zip(live, encoded):
             if not isinstance(tok, Exception):
                 out[i] = encode_token_ids(tok.ids, self.dtype)
+                self._recent.put(chunks[i], out[i])
         return out
+
+
+class _Recent:
+    """The latest ``size`` results of a pure function by key, least recently used dropped first; thread-safe."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
 
 
 def _without_truncation(tokenizer: Tokenizer) -> Tokenizer:

@@ -5,8 +5,9 @@ production store of a single-node deployment; qdrant-client's ``:memory:`` mode 
 filtered call, 250 ms at 3,000 points on this host, so it measured itself rather than the pipeline).
 
 Mixes (``--mix``): ``flips`` set a short row's status (a metadata-only change: a payload write, no forward
-pass); ``edits`` rewrite one sentence in the middle of a 20 KB row (the chunks around it are embedded again);
-``rewrites`` replace a short row's whole text. Rows are changed at stepped rates (open loop: one writer,
+pass), ``long-flips`` a 20 KB row's (TOASTed: Debezium sends a placeholder for the body, which the bridge
+fills in from the documents log); ``edits`` rewrite one sentence in the middle of a 20 KB row (the chunks
+around it are embedded again); ``rewrites`` replace a short row's whole text. Rows are changed at stepped rates (open loop: one writer,
 changes spread evenly, a row changed again only once its last change is visible); each change writes a fresh
 marker (the status, the edited sentence, the new title) and a poller reads the point that must show it. Per
 change: ``commit`` (the UPDATE's COMMIT returned) -> ``debezium`` (the change record's broker timestamp) ->
@@ -50,7 +51,9 @@ SHORT_ROWS = 600  # ids 1..600: a title and three paragraphs (flips, rewrites)
 LONG_ROWS = 30  # ids 1001..1030: ~20 KB bodies (edits)
 LONG_BASE = 1000
 CONFIG = CdcConfig("id", ("title", "body"), ("status",))
-MIXES = {"flips": (20, 50, 100, 200, 300), "edits": (1, 2, 5, 10), "rewrites": (1, 2, 5, 10, 20)}
+MIXES = {"flips": (20, 50, 100, 200, 300), "long-flips": (5, 10, 20, 50), "edits": (1, 2, 5, 10),
+         "rewrites": (1, 2, 5, 10, 20)}
+LONG_MIXES = ("long-flips", "edits")
 _MARK = re.compile(r"Revision (\d+) ")
 
 
@@ -144,12 +147,12 @@ class _Rows:
                           for i in range(1, LONG_ROWS + 1)})
 
     def ids(self, mix: str) -> list[int]:
-        return [i for i in self.rows if (i > LONG_BASE) == (mix == "edits")]
+        return [i for i in self.rows if (i > LONG_BASE) == (mix in LONG_MIXES)]
 
     def change(self, mix: str, doc: int, n: int) -> tuple[str, tuple, str, str, object]:
         """(sql, params, marker, point id, test of its payload) of change ``n`` to row ``doc``."""
         row = self.rows[doc]
-        if mix == "flips":
+        if mix in ("flips", "long-flips"):
             row["status"] = marker = f"s{n}"
             return (f"UPDATE {self.table} SET status = %s WHERE id = %s", (marker, doc), marker,
                     point_id(str(doc), 0), lambda p, m=marker: p.get("status") == m)

@@ -167,11 +167,11 @@ def bench_latency(
 @app.command("cdc")
 def bench_cdc(
     mix: Optional[list[str]] = typer.Option(None, help="Change mix, repeat the flag: flips (status of short rows), "
-                                            "edits (one sentence of 20 KB rows), rewrites (whole text of short rows); "
-                                            "default all three"),
+                                            "long-flips (status of 20 KB rows), edits (one sentence of 20 KB rows), "
+                                            "rewrites (whole text of short rows); default all four"),
     rate: Optional[list[float]] = typer.Option(None, help="Row changes per second for every mix, repeat the flag; "
-                                               "default per mix: flips 20 50 100 200 300, edits 1 2 5 10, "
-                                               "rewrites 1 2 5 10 20"),
+                                               "default per mix: flips 20 50 100 200 300, long-flips 5 10 20 50, "
+                                               "edits 1 2 5 10, rewrites 1 2 5 10 20"),
     step_s: float = typer.Option(10.0, help="Seconds per rate"),
     backlog_docs: int = typer.Option(400, help="Documents put on the bulk lane before each backlog step (0: idle only)"),
     target_ms: float = typer.Option(1000.0, help="The p95 freshness target the summary line reports against"),
