@@ -241,14 +241,7 @@ def test_vectors_read_back_can_be_written_under_another_id(store, datatype):
     normalised floats, which a uint8 collection refuses: the sink embeds such a chunk again.)"""
     if datatype == "uint8" and isinstance(store, QdrantClientStore):
         pytest.skip("local mode reads uint8 vectors back as normalised floats")
-    rng = np.random.default_rng(13)
-    if datatype == "uint8":
-        vecs = (rng.integers(-128, 128, (20, 16)) + 128).astype(np.int64)
-    else:
-        vecs = _unit(rng.standard_normal((20, 16))).astype(np.float16).astype(np.float32)
-    store.ensure_collection("q", {"v": VectorSpec(16, datatype=datatype)})
-    ids = [str(uuid.uuid4()) for _ in range(20)]
-    store.upsert("q", [Point(ids[i], {"v": vecs[i].tolist()}, {"i": i}) for i in range(20)])
+    vecs, ids = _datatype_collection(store, datatype, 20, seed=13)
     (original,) = [p for p in store.scroll("q", with_vectors=True) if p.id == ids[4]]
     copy = str(uuid.uuid4())
     store.upsert("q", [Point(copy, original.vectors, {"i": 4, "copy": True})])
@@ -356,16 +349,22 @@ def test_unknown_vector_name_in_search(readonly, data):
         readonly.search("docs", "nope", data["full"][0], top_k=3)
 
 
+def _datatype_collection(store, datatype: str, n: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """Collection "q" of ``n`` random 16-dim vectors stored as ``datatype`` (uint8: int8 shifted by 128, as ints)."""
+    rng = np.random.default_rng(seed)
+    if datatype == "uint8":
+        vecs = (rng.integers(-128, 128, (n, 16)) + 128).astype(np.int64)
+    else:
+        vecs = _unit(rng.standard_normal((n, 16))).astype(np.float16).astype(np.float32)
+    store.ensure_collection("q", {"v": VectorSpec(16, datatype=datatype)})
+    ids = [str(uuid.uuid4()) for _ in range(n)]
+    store.upsert("q", [Point(ids[i], {"v": vecs[i].tolist()}, {"i": i}) for i in range(n)])
+    return vecs, ids
+
+
 @pytest.mark.parametrize("datatype", ["float16", "uint8"])
 def test_datatypes(store, datatype):
-    rng = np.random.default_rng(11)
-    if datatype == "uint8":  # int8 embeddings shifted by 128, given as ints
-        vecs = (rng.integers(-128, 128, (60, 16)) + 128).astype(np.int64)
-    else:
-        vecs = _unit(rng.standard_normal((60, 16))).astype(np.float16).astype(np.float32)
-    store.ensure_collection("q", {"v": VectorSpec(16, datatype=datatype)})
-    ids = [str(uuid.uuid4()) for _ in range(60)]
-    store.upsert("q", [Point(ids[i], {"v": vecs[i].tolist()}, {"i": i}) for i in range(60)])
+    vecs, ids = _datatype_collection(store, datatype, 60, seed=11)
     for i in (0, 17, 59):
         hits = store.search("q", "v", vecs[i].astype(np.float32), top_k=3)
         assert hits[0].id == ids[i]
