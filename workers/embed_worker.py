@@ -267,7 +267,8 @@ class EmbedWorker(StagedWorkerLoop):
     # -- model stage ---------------------------------------------------------------------------
     def compute(self, batch: list[WorkItem]) -> list[WriteJob]:
         """Embed what needs embedding in one forward pass and answer the queries; what is left to
-        write (chunks with their vectors, deletes) goes on as write jobs, in log order."""
+        write (chunks with their vectors or written without a forward pass, deletes) goes on as one
+        write job, in log order."""
         start = time.perf_counter()
         batch = [item for item in batch if not OffsetTracker.revoked(item.handle)]  # revoked: the new owner's
         self._observe_queue_wait(batch, start)
@@ -276,8 +277,10 @@ class EmbedWorker(StagedWorkerLoop):
         if self.options.skip_unchanged:
             live, reused = self._skip_unchanged(live, batch)
         self._observe_changes(batch, live)
-        if not live:
-            return write_jobs(batch, {}, reused)
+        return write_jobs(batch, self._embed(live, start) if live else {}, reused)
+
+    def _embed(self, live: list[WorkItem], start: float) -> dict[int, object]:
+        """One forward pass for ``live``: queries are answered, the chunks' vectors returned (id(item) -> vector)."""
         timings = StageTimings()
         kind = live[0].lane
         predicted_ms = self.admission.model.predict(sum(i.tokens for i in live))
@@ -292,7 +295,7 @@ class EmbedWorker(StagedWorkerLoop):
                     (yielding_to(self._serve_online_between) if preemptible else nullcontext()):
                 vectors = self.engine.forward([i.prepared for i in live], timings)
         except Exception as exc:  # noqa: BLE001 - a failed pass fails its records, never the worker
-            return self._forward_failed(batch, live, exc, reused)
+            return self._forward_failed(live, exc, start)
         served_ms = self._served_between_s * 1000 if preemptible else 0.0
         timings.forward_ms = max(0.0, timings.forward_ms - served_ms)  # this pass's own time
         self.metrics.observe_batch(kind, timings, len(live))
@@ -306,7 +309,7 @@ class EmbedWorker(StagedWorkerLoop):
                 self._answer(item, vector, start, timings)
             else:
                 chunks[id(item)] = vector
-        return write_jobs(batch, chunks, reused)
+        return chunks
 
     def _serve_online_between(self) -> None:
         """At a bulk pass's checkpoint: compute the queued online work now (no window: it is late already),
@@ -368,21 +371,20 @@ class EmbedWorker(StagedWorkerLoop):
             live.append(item)
         return live
 
-    def _forward_failed(self, batch: list[WorkItem], live: list[WorkItem], exc: Exception,
-                        reused: dict[int, Reuse]) -> list[WriteJob]:
-        """Several items: run the batch again one item at a time, in log order, to find the one at fault.
-        One item: it is answered with the error (a query) or dead-lettered (a chunk); deletes and chunks
-        written without a forward pass are written."""
+    def _forward_failed(self, live: list[WorkItem], exc: Exception, start: float) -> dict[int, object]:
+        """Several items: each alone through the model, in log order, to find the one at fault (what the
+        batch decided without a forward pass stands: its lookup saw the whole batch). One item: it is
+        answered with the error (a query) or dead-lettered (a chunk)."""
         log.error("forward pass failed", items=len(live), error=f"{type(exc).__name__}: {str(exc)[:300]}")
         if len(live) > 1:
-            return [job for item in batch for job in self.compute([item])]
+            return {key: vector for item in live for key, vector in self._embed([item], start).items()}
         (item,) = live
         info = ErrorInfo(code="forward_failed", message=f"the forward pass failed: {type(exc).__name__}: {str(exc)[:500]}")
         if isinstance(item.event, QueryRequest):
             self._reply_error(item.lane, item.record, item.event, item.handle, info)
         else:
             self.lanes[item.lane].dead_letter(item.record, info, item.handle)
-        return write_jobs(batch, {}, reused)
+        return {}
 
     def _answer(self, item: WorkItem, vector, start: float, timings: StageTimings) -> None:
         result = self.engine.finish(item.prepared, vector)
