@@ -308,8 +308,9 @@ class WorkerSettings(BaseModel):
         description="A record whose write keeps failing this long is dead-lettered (failure treated as permanent for it)",
     )
     skip_unchanged: bool = Field(
-        default=True, description="Embed worker: do not embed a chunk whose stored point already has its content "
-                                  "hash, model, metadata"
+        default=True, description="Embed worker: no forward pass for a chunk whose text and model the store holds: in its own point "
+        "(its payload is rewritten when the metadata changed) or in another point of its document (those vectors are "
+        "written under its id); off: every chunk is embedded"
     )
     warm_up_tokens: int = Field(
         default=64, ge=0, description="Embed worker, online lane: build kernels for query lengths 1..N before "

@@ -168,6 +168,33 @@ def sentence_chunks(paragraph: str, chunk_words: int) -> list[str]:
     return chunks
 
 
+def long_text(seed: int, chars: int = 20_000) -> str:
+    """About ``chars`` characters of real prose: random paragraphs (seeded) separated by blank lines."""
+    paras = stdlib_paragraphs()
+    rng = random.Random(seed)
+    out: list[str] = []
+    while sum(len(p) + 2 for p in out) < chars:
+        out.append(rng.choice(paras))
+    return "\n\n".join(out)
+
+
+def edit_sentence(text: str, seed: int, new: str | None = None) -> str:
+    """``text`` with one sentence near its middle replaced by ``new``, ``new`` inserted before it, or it
+    deleted (by ``seed`` % 3); every other character is kept. A local edit, as a person makes one."""
+    sentences, gaps = SENTENCE.split(text), SENTENCE.findall(text)
+    at = min(len(sentences) - 1, max(0, len(sentences) // 2 + seed % 7 - 3))
+    new = new or f"Revision {seed} rewrote this sentence to say something else entirely."
+    if seed % 3 == 0 or len(sentences) < 2:
+        sentences[at] = new
+    elif seed % 3 == 1:
+        sentences.insert(at, new)
+        gaps.insert(at, " ")
+    else:
+        del sentences[at]
+        del gaps[min(at, len(gaps) - 1)]
+    return sentences[0] + "".join(gap + sentence for gap, sentence in zip(gaps, sentences[1:]))
+
+
 def documents(count: int, seed: int = 7, min_paragraphs: int = 2, max_paragraphs: int = 12) -> list[dict]:
     """Synthetic multi-paragraph documents (for the producer/chunker demo) made of real prose."""
     paras = stdlib_paragraphs()

@@ -87,8 +87,9 @@ class ChunkPublisher:
     def publish_document(self, doc: Document | Mapping[str, Any], chunker: Chunker, replace: bool = False) -> int:
         """Chunk a document and send one ChunkEvent per chunk (chunk_id = index); returns the chunk count.
 
-        ``replace=True`` first sends a delete of the whole document, so chunks left over from a
-        longer earlier version disappear (at the cost of re-embedding unchanged chunks).
+        ``replace=True`` follows the chunks with a delete of those past the new count, so chunks left
+        over from a longer earlier version disappear; the document never leaves the index meanwhile,
+        and the embed workers embed only the chunks whose text changed (as for a CDC update).
         """
         document = Document.coerce(doc)
         chunks = chunker.chunk(document.text)
@@ -126,17 +127,11 @@ class ChunkPublisher:
         bridge; a replay must not); with ``trim`` a delete of the chunks past the new count follows, so
         a document that shrank loses its leftover chunks. With ``ids`` (a model chunker's ``ids``) the
         chunks carry their token ids; ``fields`` (the source's text fields) go into the documents-log record."""
-        count = self._publish_chunks(document, chunks, replace=False, record=record, ids=_ids(ids, chunks),
-                                     fields=fields)
-        if trim:
-            self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
-        return count
+        return self._publish_chunks(document, chunks, trim, record=record, ids=_ids(ids, chunks), fields=fields)
 
-    def _publish_chunks(self, document: Document, chunks: list[str], replace: bool, record: bool = True,
+    def _publish_chunks(self, document: Document, chunks: list[str], trim: bool, record: bool = True,
                         ids: tuple[ChunkIds, list[str | None]] | None = None,
                         fields: dict[str, str | None] | None = None) -> int:
-        if replace:
-            self.publish_delete(DocumentDelete(doc_id=document.doc_id, collection=self.collection))
         created = now_ms()
         if self.record_documents and record:
             record_event = DocumentRecord(doc_id=document.doc_id, text=document.text, metadata=document.metadata,
@@ -160,6 +155,8 @@ class ChunkPublisher:
                     **pretokenized,
                 )
             )
+        if trim:
+            self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
         return len(chunks)
 
     def publish_chunk(self, event: ChunkEvent) -> FutureRecordMetadata:

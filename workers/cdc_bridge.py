@@ -2,9 +2,10 @@
 
 c / r / u: the row's text is chunked for the target model and every chunk is published (keyed by
 doc_id, each with its content hash), followed by a delete of the chunks at or beyond the new
-count, so chunks that vanished when a document shrank go too. The embed workers skip chunks
-whose stored point already has the same content hash, model and metadata, so an update only
-re-embeds what changed. d and tombstones delete every chunk of the document; t (truncate) is
+count, so chunks that vanished when a document shrank go too. The embed workers decide per chunk
+what needs a forward pass (:mod:`embedstream.workers.unchanged`): a status-only update rewrites
+payloads with none, an edit re-embeds the chunks whose text changed (the chunker keeps the others'
+boundaries) and moves the rest. d and tombstones delete every chunk of the document; t (truncate) is
 dead-lettered (``truncate_refused``) or ignored, as configured. A value the source left out (Debezium's
 placeholder for an unchanged TOASTed column) is filled in from the document's documents-log record
 (:mod:`embedstream.workers.cdc_memory`), never indexed; when no record has it, the change is

@@ -7,8 +7,8 @@ the worker skip the chunk as unchanged (the index kept the old text); ``"collect
 on brokers with auto-creation, create it). So:
 
 * the content hash the sink stores and compares is computed here from the text; the producer's
-  value is at most a hint (the skip-unchanged check also compares the model and the metadata,
-  which the sink reads from the worker and the event itself);
+  value is at most a hint (the skip-unchanged check also compares the model, which the sink reads
+  from the worker, and the metadata decides only whether the payload is rewritten);
 * a collection named by a producer must be on an allow-list: the configured collection, its
   versions ``<name>_v<N>`` (what ``reindex`` creates), and configured extras;
 * ``reply_to`` must be the configured replies topic, or start with it or a configured prefix, be a

@@ -133,7 +133,7 @@ def _corpus(name: str, dense_engine, score_engine, model: str, chunks: int, know
     from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest
     from embedstream.schemas import ChunkEvent
     from embedstream.schemas.rerank import SearchRequest
-    from embedstream.vectors import with_sparse
+    from embedstream.vectors import encoded_rows
     from embedstream.vectorstore.edge_store import EdgeStore
     from embedstream.workers.search import Searcher
     from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
@@ -159,7 +159,7 @@ def _corpus(name: str, dense_engine, score_engine, model: str, chunks: int, know
                 engine = Engine.from_name(model, _settings(threads, kind, tokenizer, splade))
                 collection = f"hybrid-{kind}"
                 sink = QdrantSink(store, engine.spec, engine.dimensions, collection, SinkConfig(sparse=kind))
-                encoded = with_sparse(dense, engine.sparse.encode_texts(labelled.chunks, query=False))
+                encoded = encoded_rows(dense, engine.sparse.encode_texts(labelled.chunks, query=False))
                 for at in range(0, len(encoded), 512):
                     sink.upsert([EmbeddedChunk(ChunkEvent(doc_id=str(i), chunk_id=0, text=labelled.chunks[i]), encoded[i])
                                  for i in range(at, min(at + 512, len(encoded)))])

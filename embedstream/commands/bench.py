@@ -166,22 +166,32 @@ def bench_latency(
 
 @app.command("cdc")
 def bench_cdc(
-    rate: Optional[list[float]] = typer.Option(None, help="Row changes per second, repeat the flag; default 1 2 5 10 20"),
+    mix: Optional[list[str]] = typer.Option(None, help="Change mix, repeat the flag: flips (status of short rows), "
+                                            "long-flips (status of 20 KB rows), edits (one sentence of 20 KB rows), "
+                                            "rewrites (whole text of short rows); default all four"),
+    rate: Optional[list[float]] = typer.Option(None, help="Row changes per second for every mix, repeat the flag; "
+                                               "default per mix: flips 20 50 100 200 300, long-flips 5 10 20 50, "
+                                               "edits 1 2 5 10, rewrites 1 2 5 10 20"),
     step_s: float = typer.Option(10.0, help="Seconds per rate"),
-    backlog_docs: int = typer.Option(400, help="Documents put on the bulk lane before each backlog step"),
+    backlog_docs: int = typer.Option(400, help="Documents put on the bulk lane before each backlog step (0: idle only)"),
     target_ms: float = typer.Option(1000.0, help="The p95 freshness target the summary line reports against"),
     port: BrokerPort = BROKER_PORT,
     pg_port: int = typer.Option(5432, help="Port of the dev PostgreSQL (started when not running)"),
     rest_port: int = typer.Option(8083, help="Port of the dev Connect worker's REST API"),
     out: str = typer.Option("bench-results", help="Folder for the table (JSON) and the PNG"),
 ) -> None:
-    """CDC freshness on the real rig: COMMIT in PostgreSQL -> visible in Qdrant, p50/p95/p99 and stage shares
-    at stepped change rates, idle and while a bulk backlog drains."""
+    """CDC freshness and cost by change mix on the real rig: COMMIT in PostgreSQL -> readable in Qdrant,
+    p50/p95/p99, forward passes per change and stage shares at stepped rates, idle and while a bulk backlog
+    drains; after each mix, whether the index equals the table."""
     from embedstream.bench import cdc_bench
 
+    try:
+        cdc_bench.check_mixes(mix)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--mix") from None
     logs.configure(level="WARNING")
-    cdc_bench.print_table(cdc_bench.run(rate or [1, 2, 5, 10, 20], step_s, backlog_docs, port, pg_port, rest_port,
-                                        target_ms, out))
+    cdc_bench.print_table(cdc_bench.run(rate, step_s, backlog_docs, port, pg_port, rest_port, target_ms, out,
+                                        mixes=mix))
 
 
 @app.command("quality")

@@ -27,7 +27,8 @@ def produce(
     chunk_tokens: int = typer.Option(200, help="Target tokens per chunk"),
     overlap: int = typer.Option(32, help="Tokens carried over between chunks"),
     collection: Optional[str] = typer.Option(None, help="Target collection (default: the worker's)"),
-    replace: bool = typer.Option(False, help="Delete a document's old chunks before publishing its new ones"),
+    replace: bool = typer.Option(False, help="Delete the chunks a document's earlier version had beyond its new "
+                                 "ones (the embed workers re-embed only chunks whose text changed)"),
 ) -> None:
     """Chunk documents by tokens and publish ChunkEvents to the lane's topic (key = doc_id)."""
     from rich.progress import Progress

@@ -265,6 +265,11 @@ class VectorStore(ABC):
         """Insert or replace points by id (idempotent: re-sending a batch is harmless)."""
 
     @abstractmethod
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+        """Replace the whole payload of each point (id -> its new payload) in one request, its vectors
+        kept. An id with no point is skipped: a payload write never creates a point."""
+
+    @abstractmethod
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
         """Delete points by id; unknown ids are ignored."""
 

@@ -416,6 +416,18 @@ class EdgeStore(VectorStore):
         with self._rw.read(), self._write_mutex:
             self._shard(col).update(op)
 
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+        """Synchronous, as :meth:`upsert`; an id with no point matches nothing (a has_id filter)."""
+        if not payloads:
+            return
+        col = self.resolve(name)
+        ops = [qe.UpdateOperation.overwrite_payload_by_filter(qe.Filter(must=[qe.HasIdCondition({normalize_id(pid)})]),
+                                                              dict(payload)) for pid, payload in payloads.items()]
+        with self._rw.read(), self._write_mutex:
+            shard = self._shard(col)
+            for op in ops:
+                shard.update(op)
+
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
         if not ids:
             return

@@ -309,6 +309,25 @@ class QdrantClientStore(VectorStore):
         ]
         self.client.upsert(collection_name=name, points=structs, wait=wait)
 
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+        if not payloads:
+            return
+        wanted = {normalize_id(pid): dict(payload) for pid, payload in payloads.items()}
+        if self.is_local:  # a filter is a scan of every point there: select the points that exist by id
+            existing = self.get_payloads(name, list(wanted))
+            ops = [models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(payload=payload, points=[pid]))
+                   for pid, payload in wanted.items() if pid in existing]
+        else:  # a has_id filter (indexed) matches nothing for an id with no point, where a points list fails
+            ops = [models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(
+                payload=payload, filter=models.Filter(must=[models.HasIdCondition(has_id=[pid])])))
+                for pid, payload in wanted.items()]
+        if not ops:
+            return
+        try:
+            self.client.batch_update_points(collection_name=name, update_operations=ops, wait=wait)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
         if not ids:
             return

@@ -17,7 +17,7 @@ from embedstream.bench import hybrid_set
 from embedstream.engine.sparse import BM25Encoder
 from embedstream.ranking import FUSIONS
 from embedstream.schemas import ChunkEvent
-from embedstream.vectors import with_sparse
+from embedstream.vectors import encoded_rows
 from embedstream.vectorstore.edge_store import EdgeStore
 from embedstream.vectorstore.qdrant_client_store import QdrantClientStore
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
@@ -74,7 +74,7 @@ def vectors(labelled):
 
 def _fill(store, labelled, docs) -> None:
     sink = QdrantSink(store, _Spec(), DIM, "docs", SinkConfig(sparse="bm25"))
-    rows = with_sparse(docs, BM25Encoder().encode_texts(labelled.chunks, query=False))
+    rows = encoded_rows(docs, BM25Encoder().encode_texts(labelled.chunks, query=False))
     sink.upsert([EmbeddedChunk(ChunkEvent(doc_id=f"c{i}", chunk_id=0, text=text), rows[i])
                  for i, text in enumerate(labelled.chunks)])
 

@@ -13,7 +13,7 @@ from embedstream.schemas import ChunkEvent
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.engine.sparse import BM25Encoder
 from embedstream.ranking import score_key
-from embedstream.vectors import l2_normalize, with_sparse
+from embedstream.vectors import l2_normalize, encoded_rows
 from embedstream.workers.search import TIE_MARGIN, UINT8_OVERSAMPLING, Searcher, SearchError, SearchPlan
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
@@ -217,7 +217,7 @@ def test_hybrid_dense_candidates_come_from_the_stored_layout(embedder, corpus, q
     store = open_store(":memory:", None, None)
     sink = QdrantSink(store, embedder.spec, embedder.dimensions, "docs", SinkConfig("uint8", "none", (16,), sparse="bm25"))
     sink.upsert([EmbeddedChunk(e, r) for e, r in
-                 zip(events, with_sparse(vectors, bm25.encode_texts([e.text for e in events], query=False)))])
+                 zip(events, encoded_rows(vectors, bm25.encode_texts([e.text for e in events], query=False)))])
     spy = SpyStore(store)
     searcher = Searcher(spy, _fixed(query_vector), None, sparse=bm25)
     dense = searcher.search(_request(QUERY, top_k=10, top_n=10, rerank=False))
