@@ -249,3 +249,29 @@ def bench_transport(
     with _broker(port):
         rows = transport_bench.run(port, count, gap_ms)
     transport_bench.print_table(rows)
+
+
+@app.command("fleet")
+def bench_fleet(
+    port: int = typer.Option(9192, "--port", help="First port of the 3-broker dev cluster (nodes on PORT..PORT+5; "
+                                                  "workers' metrics on PORT+10.. ); one answering there is used"),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The cluster's folder (default: "
+                                           "$EMBEDSTREAM_KAFKA_DATA_DIR, else ~/.cache/embedstream/kafka-data/PORT)"),
+    protocol: list[str] = typer.Option(list(("consumer", "cooperative-sticky", "eager")),
+                                       help="Rebalance protocols to measure; repeat the flag for several"),
+    rate: float = typer.Option(15.0, help="Chunks/s the producer adds to the bulk backlog during the events"),
+    backlog: int = typer.Option(600, help="Chunks in the backlog before the first event"),
+    qps: float = typer.Option(10.0, help="Queries/s on the online lane throughout"),
+) -> None:
+    """Bulk lane group changes on a 3-broker cluster (1 -> 3 -> 1 workers, kill -9 of a member, a rolling restart
+    with static membership), per rebalance protocol: pause, query p95, chunks lost and re-embedded."""
+    from embedstream.bench import fleet_bench
+
+    bad = [p for p in protocol if p not in fleet_bench.PROTOCOLS]
+    if bad:
+        raise typer.BadParameter(f"protocol must be one of {fleet_bench.PROTOCOLS}, got {bad}")
+    logs.configure(level="WARNING")
+    result = fleet_bench.run(port, data_dir, protocol, rate, backlog, qps,
+                             say=lambda row: typer.echo(f"  {row.event} [{row.protocol}]: pause {row.pause_s:.1f} s, "
+                                                        f"stall {row.stall_s:.1f} s", err=True))
+    fleet_bench.print_table(result)

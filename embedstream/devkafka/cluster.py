@@ -104,6 +104,9 @@ def cluster_overrides(host: str, port: int, node: int, brokers: int) -> dict[str
         "share.coordinator.state.topic.replication.factor": str(replicas),
         "share.coordinator.state.topic.min.isr": str(in_sync),
         "unclean.leader.election.enable": "false",  # a stale replica never becomes leader: nothing acked is lost
+        # The consumer protocol (KIP-848) keeps the session timeout on the broker; let a group ask for the
+        # classic protocol's shortest (6 s: a killed worker's partitions move soon), as workers do in tests
+        "group.consumer.min.session.timeout.ms": "6000",
     }
 
 
