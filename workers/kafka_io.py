@@ -137,13 +137,16 @@ def broker_listening(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
-def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **context) -> None:
+def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, revoked: frozenset = frozenset(),
+                    **context) -> None:
     """Commit the offsets of finished work on the partitions the consumer still owns.
 
     The caller has let dead letters and replies be acknowledged first (their records count as
     finished only then). ``wait=False`` is for rebalance listeners: kafka-python 3 runs them on its
     IO thread, which refuses blocking calls, and an async commit still reaches the coordinator
-    before the re-join. A failed synchronous commit keeps its offsets for the next call.
+    before the re-join. A failed synchronous commit keeps its offsets for the next call. ``revoked``: partitions
+    being handed over, whose finished work is committed too (a cooperative rebalance in kafka-python 3.0.12 has
+    already taken them out of the assignment when it calls the listener).
     """
     offsets = tracker.drain()
     assigned = consumer.assignment()
@@ -152,7 +155,7 @@ def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **co
         past = None if tracker.in_flight(key) else tracker.past_skipped(key, consumer.position(tp, timeout_ms=0))
         if past is not None:
             offsets[key] = past
-    owned = {(tp.topic, tp.partition) for tp in assigned}
+    owned = {(tp.topic, tp.partition) for tp in assigned} | set(revoked)
     commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
     if not commit:
         return

@@ -3,8 +3,8 @@
 
 Per protocol (``KafkaSettings.group_protocol``: ``consumer`` = KIP-848, ``cooperative-sticky``, ``eager``):
 
-* phase 1, dynamic members (session timeout 6 s): worker A drains a bulk backlog that a producer keeps
-  topping up; **scale 1 → 3** (B and C start), **scale 3 → 1** (B and C stop, SIGTERM), **kill -9** of one of
+* phase 1, dynamic members (session timeout 6 s): worker A drains a bulk backlog that a producer keeps at
+  about ``--backlog`` chunks not yet committed; **scale 1 → 3** (B and C start), **scale 3 → 1** (B and C stop, SIGTERM), **kill -9** of one of
   two members (B started again, then killed);
 * phase 2, static members (``group_instance_id``, session timeout 45 s): two workers drain another backlog;
   **rolling restart**: each stopped and started again under its id, one after the other.
@@ -80,7 +80,7 @@ class _Worker:
         env = dict(self.env, EMBEDSTREAM_QDRANT__PATH=str(self.store))
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", self.lanes,
+                [sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", self.lanes, "--no-search",
                  "--metrics-port", str(self.metrics_port)],
                 env=env, cwd=str(self.root), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self
@@ -90,9 +90,12 @@ class _Worker:
 
     def assigned(self, since: int = 0) -> bool:
         """The worker logged a partition assignment after byte ``since`` of its log."""
+        return self.logged(b"partitions assigned", since)
+
+    def logged(self, what: bytes, since: int = 0) -> bool:
         with open(self.log, "rb") as fh:
             fh.seek(since)
-            return b"partitions assigned" in fh.read()
+            return what in fh.read()
 
     def log_size(self) -> int:
         return self.log.stat().st_size if self.log.exists() else 0
@@ -101,7 +104,7 @@ class _Worker:
         import re
 
         try:
-            body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2).read().decode()
+            body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
         except OSError:
             return self.embedded
         found = re.findall(r'^embedstream_texts_total\{[^}]*kind="chunk"[^}]*\} (\S+)$', body, re.M)
@@ -144,8 +147,8 @@ class _Scraper:
         self._thread.join(5)
 
 
-def _settings(bootstrap: str, prefix: str, protocol: str) -> KafkaSettings:
-    return KafkaSettings(
+def _settings(bootstrap: str, prefix: str, protocol: str, client: str) -> KafkaSettings:
+    return KafkaSettings(bulk_client=client,
         bootstrap_servers=bootstrap, topic_chunks_online=f"{prefix}.chunks.online", topic_chunks_bulk=f"{prefix}.chunks.bulk",
         topic_queries=f"{prefix}.queries", topic_replies=f"{prefix}.replies", topic_dead_letters=f"{prefix}.dlq",
         topic_documents=f"{prefix}.documents", group_online=f"{prefix}-online", group_bulk=f"{prefix}-bulk",
@@ -165,7 +168,7 @@ def _env(k: KafkaSettings, **extra: str) -> dict:
         "EMBEDSTREAM_KAFKA__GROUP_ONLINE": k.group_online,
         "EMBEDSTREAM_KAFKA__GROUP_BULK": k.group_bulk,
         "EMBEDSTREAM_KAFKA__GROUP_PROTOCOL": k.group_protocol,
-        "EMBEDSTREAM_KAFKA__BULK_CLIENT": "librdkafka",  # the three protocols on one client
+        "EMBEDSTREAM_KAFKA__BULK_CLIENT": k.bulk_client,
         "EMBEDSTREAM_KAFKA__CREATE_TOPICS": "false",
         "EMBEDSTREAM_WORKER__SKIP_UNCHANGED": "false",  # a redelivered chunk is embedded again: counted
         "EMBEDSTREAM_ENGINE__THREADS": "1",
@@ -176,15 +179,16 @@ def _env(k: KafkaSettings, **extra: str) -> dict:
 
 
 class _Feeder:
-    """Keeps a bulk backlog: ``initial`` chunks at once, then ``rate`` chunks/s until stopped."""
+    """Keeps a bulk backlog of about ``backlog`` chunks not yet committed by the group (so every event happens
+    mid-backlog whatever the host's speed), adding at most ``rate`` chunks/s."""
 
-    def __init__(self, k: KafkaSettings, prefix: str, initial: int, rate: float):
+    def __init__(self, k: KafkaSettings, prefix: str, backlog: int, rate: float, progress: Progress):
         from embedstream.producers.publisher import ChunkPublisher
 
         self.publisher = ChunkPublisher(k, lane="bulk", create_topics=False, record_documents=False)
-        self.prefix, self.rate, self.sent = prefix, rate, 0
+        self.prefix, self.backlog, self.rate, self.progress, self.sent = prefix, backlog, rate, progress, 0
         self._stop = threading.Event()
-        for _ in range(initial):
+        for _ in range(backlog):
             self._one()
         self.publisher.flush(120)
         self._thread = threading.Thread(target=self._run, name="fleet-feeder", daemon=True)
@@ -200,15 +204,15 @@ class _Feeder:
         self.sent += 1
 
     def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            self._one()
-            next_at += 1.0 / self.rate
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
+        while not self._stop.wait(1.0):
+            committed = sum(self.progress.samples[-1][1]) if self.progress.samples else 0
+            for _ in range(min(int(self.rate), max(0, self.backlog - (self.sent - committed)))):
+                self._one()
+            self.publisher.flush(30)
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        self._thread.join(60)
         self.publisher.flush(120)
 
 
@@ -269,13 +273,14 @@ def _event(rows: list, name: str, protocol: str, progress: Progress, load: Query
                          None if p95 is None else p95 * 1000, 0, max(0, int(round(re_embedded))), note))
 
 
-def run_protocol(bootstrap: str, protocol: str, root: Path, metrics_base: int, rate: float, initial: int,
-                 query_rate: float, say=print) -> tuple[list[EventRow], dict]:
+def run_protocol(bootstrap: str, protocol: str, client: str, root: Path, metrics_base: int, rate: float,
+                 initial: int, query_rate: float, say=print) -> tuple[list[EventRow], dict]:
     from embedstream.producers.query_client import QueryClient
     from embedstream.producers.topics import ensure_topics
 
     prefix = f"fleet-{protocol[:4]}-{uuid.uuid4().hex[:6]}"
-    k = _settings(bootstrap, prefix, protocol)
+    k = _settings(bootstrap, prefix, protocol, client)
+    label = protocol if client == "librdkafka" else f"{protocol} (kafka-python)"
     ensure_topics(k, PARTITIONS)
     ports = iter(range(metrics_base, metrics_base + 20))
     scraper = _Scraper()
@@ -288,46 +293,48 @@ def run_protocol(bootstrap: str, protocol: str, root: Path, metrics_base: int, r
         a = _Worker(f"{protocol}-a", "bulk", dynamic, root, next(ports))
         workers.append(a)
         scraper.workers = workers
-        feeder = _Feeder(k, prefix, initial, rate)
+        progress = Progress(k, k.topic_chunks_bulk, k.group_bulk).start()
+        feeder = _Feeder(k, prefix, initial, rate, progress)
         a.start()
-        _wait(lambda: a.assigned() and online.assigned(), 300, "worker A and the online worker", [a, online])
+        _wait(lambda: a.assigned() and online.assigned(), 600, "worker A and the online worker", [a, online])
         client = QueryClient(k)
         load = QueryLoad(client, query_rate, timeout_s=5.0).start()
-        progress = Progress(k, k.topic_chunks_bulk, k.group_bulk).start()
         time.sleep(10)
 
         def mark():
             return time.monotonic(), scraper.total(), progress.committed()
 
-        # scale 1 -> 3: the window runs from the launch (start-up costs no pause: A keeps going) to SETTLE_S
-        # after both joined
-        start, emb, com = mark()
+        # scale 1 -> 3: the window opens when both new workers have loaded the model and are about to join (a
+        # worker's start-up is not the group's doing) and closes SETTLE_S after both hold partitions
         b = _Worker(f"{protocol}-b", "bulk", dynamic, root, next(ports))
         c = _Worker(f"{protocol}-c", "bulk", dynamic, root, next(ports))
         workers += [b, c]
         b.start(), c.start()
+        _wait(lambda: b.logged(b"embed worker started") and c.logged(b"embed worker started"), 600,
+              "B and C loaded", workers)
+        start, emb, com = mark()
         _wait(lambda: b.assigned() and c.assigned(), 300, "B and C taking partitions", workers)
         time.sleep(SETTLE_S)
-        _event(rows, "scale 1 -> 3", protocol, progress, load, scraper, start, time.monotonic(), emb, com)
+        _event(rows, "scale 1 -> 3", label, progress, load, scraper, start, time.monotonic(), emb, com)
         say(rows[-1])
 
         start, emb, com = mark()
         for worker in (b, c):
             worker.stop()
         time.sleep(SETTLE_S)
-        _event(rows, "scale 3 -> 1", protocol, progress, load, scraper, start, time.monotonic(), emb, com)
+        _event(rows, "scale 3 -> 1", label, progress, load, scraper, start, time.monotonic(), emb, com)
         say(rows[-1])
 
         b2 = _Worker(f"{protocol}-b", "bulk", dynamic, root, b.metrics_port)  # B's store again
         workers.append(b2)
         since = b.log_size()
         b2.start()
-        _wait(lambda: b2.assigned(since), 300, "B back", workers)
+        _wait(lambda: b2.assigned(since), 600, "B back", workers)
         time.sleep(10)
         start, emb, com = mark()
         b2.stop(signal.SIGKILL)
         time.sleep(DYNAMIC_SESSION_MS / 1000 + SETTLE_S)
-        _event(rows, "kill -9 of 1 of 2", protocol, progress, load, scraper, start, time.monotonic(), emb, com,
+        _event(rows, "kill -9 of 1 of 2", label, progress, load, scraper, start, time.monotonic(), emb, com,
                note=f"session {DYNAMIC_SESSION_MS / 1000:g} s")
         say(rows[-1])
         feeder.close()
@@ -341,17 +348,17 @@ def run_protocol(bootstrap: str, protocol: str, root: Path, metrics_base: int, r
         progress.close()
 
         # phase 2: static members, a rolling restart
-        k2 = _settings(bootstrap, prefix + "s", protocol)
+        k2 = _settings(bootstrap, prefix + "s", protocol, client)
         ensure_topics(k2, PARTITIONS, topics=[k2.topic_chunks_bulk])
         static = {"EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS": str(STATIC_SESSION_MS)}
-        feeder = _Feeder(k2, prefix + "s", initial, rate)
+        progress = Progress(k2, k2.topic_chunks_bulk, k2.group_bulk).start()
+        feeder = _Feeder(k2, prefix + "s", initial, rate, progress)
         phase2 = [_Worker(f"{protocol}-s{i}", "bulk", _env(k2, **static, EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID=f"s{i}"),
                           root, next(ports)) for i in (1, 2)]
         scraper.workers = phase2
         for worker in phase2:
             worker.start()
-        _wait(lambda: all(w.assigned() for w in phase2), 300, "the static members", phase2)
-        progress = Progress(k2, k2.topic_chunks_bulk, k2.group_bulk).start()
+        _wait(lambda: all(w.assigned() for w in phase2), 600, "the static members", phase2)
         time.sleep(10)
         start, emb, com = mark()
         for i, worker in enumerate(list(phase2)):
@@ -362,7 +369,7 @@ def run_protocol(bootstrap: str, protocol: str, root: Path, metrics_base: int, r
             again.start()
             _wait(lambda: again.alive() and _consuming(again, since), 300, f"{worker.name} back", phase2)
         time.sleep(SETTLE_S)
-        _event(rows, "rolling restart (static)", protocol, progress, load, scraper, start, time.monotonic(), emb, com,
+        _event(rows, "rolling restart (static)", label, progress, load, scraper, start, time.monotonic(), emb, com,
                note=f"2 members, session {STATIC_SESSION_MS / 1000:g} s")
         say(rows[-1])
         feeder.close()
@@ -397,21 +404,34 @@ def _consuming(worker: _Worker, since: int) -> bool:
 
 
 def run(port: int, data_dir: str | None, protocols: list[str], rate: float, initial: int, query_rate: float,
-        say=print) -> FleetResult:
+        clients: list[str] = ("librdkafka",), say=print, out: Path | None = None) -> FleetResult:
     from embedstream.bench.latency_bench import cpu_line
 
     result = FleetResult(cpu_line())
     with devkafka.borrowed(port=port, data_dir=data_dir, brokers=3) as info, \
             tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-        for i, protocol in enumerate(protocols):
-            root = Path(tmp) / protocol
+        runs = [(p, c) for c in clients for p in protocols if not (p == "consumer" and c == "kafka-python")]
+        for i, (protocol, client) in enumerate(runs):
+            root = Path(tmp) / f"{protocol}-{client}"
             root.mkdir()
-            rows, totals = run_protocol(info.bootstrap, protocol, root, port + 10 + 20 * i, rate, initial,
-                                        query_rate, say)
+            rows, totals = run_protocol(info.bootstrap, protocol, client, root, port + 10 + 20 * (i % 4), rate,
+                                        initial, query_rate, say)
             result.rows += rows
-            result.totals[protocol] = totals
-    result.cpu = f"{result.cpu} (at the end; {cpu_line()})"
+            result.totals[rows[0].protocol] = totals
+            if out is not None:  # after each run: a long bench that fails later keeps what it measured
+                _write(result, out)
+    result.cpu = f"{result.cpu}; at the end: {cpu_line()}"
+    if out is not None:
+        _write(result, out)
     return result
+
+
+def _write(result: FleetResult, out: Path) -> None:
+    import dataclasses
+    import json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
 
 
 def print_table(result: FleetResult) -> None:

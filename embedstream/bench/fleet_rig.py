@@ -221,16 +221,19 @@ class Progress:
         self._consumer = KafkaConsumer(**self.kafka.client_kwargs(), group_id=self.group, enable_auto_commit=False)
         self.partitions = [TopicPartition(self.topic, p) for p in sorted(self._consumer.partitions_for_topic(self.topic))]
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # one client, asked from the sampling thread and the caller's
         self._thread = threading.Thread(target=self._run, name="fleet-progress", daemon=True)
 
     def offsets(self) -> tuple[int, ...]:
-        return tuple(self._consumer.committed(tp, timeout_ms=10_000) or 0 for tp in self.partitions)
+        with self._lock:
+            return tuple(self._consumer.committed(tp, timeout_ms=10_000) or 0 for tp in self.partitions)
 
     def committed(self) -> int:
         return sum(self.offsets())
 
     def ends(self) -> tuple[int, ...]:
-        found = self._consumer.end_offsets(self.partitions)
+        with self._lock:
+            found = self._consumer.end_offsets(self.partitions)
         return tuple(found[tp] for tp in self.partitions)
 
     def end(self) -> int:
@@ -260,8 +263,9 @@ class Progress:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(10)
-        self._consumer.close()
+        self._thread.join(30)
+        with self._lock:
+            self._consumer.close()
 
 
 def _longest_still(samples: list[tuple[float, tuple[int, ...]]], start: float, end: float) -> float:
