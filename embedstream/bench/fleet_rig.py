@@ -173,7 +173,10 @@ def kinds(outcomes: list[Outcome]) -> dict[str, int]:
 
 def reasons(outcomes: list[Outcome]) -> dict[str, int]:
     """What the queries that were not answered got, by kind and reason (the first words of the error)."""
-    return dict(Counter(f"{o.kind}: {o.detail[:60]}" for o in outcomes if o.kind != "answered"))
+    import re
+
+    return dict(Counter(f"{o.kind}: {re.sub(r'[0-9a-f]{32}', '<id>', o.detail)[:70]}" for o in outcomes
+                        if o.kind != "answered"))
 
 
 def percentile(values: list[float], q: float) -> float | None:

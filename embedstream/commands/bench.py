@@ -280,6 +280,5 @@ def bench_fleet(
 
     result = fleet_bench.run(port, data_dir, protocol, rate, backlog, qps, clients=client,
                              out=Path(out) if out else None,
-                             say=lambda row: typer.echo(f"  {row.event} [{row.protocol}]: pause {row.pause_s:.1f} s, "
-                                                        f"stall {row.stall_s:.1f} s", err=True))
+                             say=lambda line: typer.echo(line, err=True))
     fleet_bench.print_table(result)

@@ -1,4 +1,4 @@
-"""start / stop / restart / status of one dev broker: the jobs of the other modules in order (a cluster of
+"""start / stop / status of one dev broker: the jobs of the other modules in order (restart, and a cluster of
 them: cluster.py)."""
 
 from __future__ import annotations
@@ -214,23 +214,6 @@ def stop(
         finish_cds_dump(layout, clean_exit=clean)
         layout.pid_file.unlink(missing_ok=True)
     return pid is not None
-
-
-def restart(
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    data_dir: Path | str | None = None,
-    wait_s: float = DEFAULT_WAIT_S,
-    *,
-    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
-    home: Path | str | None = None,
-    security: str = PLAINTEXT,
-    users: Mapping[str, str] | None = None,
-    grants: Sequence[AclGrant] = (),
-) -> BrokerInfo:
-    """Stop then start with the same data dir (topics and offsets kept): for fault-injection tests."""
-    stop(port, data_dir, timeout_s=stop_timeout_s)
-    return start(host, port, data_dir, wait_s, home=home, security=security, users=users, grants=grants)
 
 
 def status(port: int = DEFAULT_PORT, data_dir: Path | str | None = None) -> dict:

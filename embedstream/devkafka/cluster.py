@@ -104,9 +104,11 @@ def cluster_overrides(host: str, port: int, node: int, brokers: int) -> dict[str
         "share.coordinator.state.topic.replication.factor": str(replicas),
         "share.coordinator.state.topic.min.isr": str(in_sync),
         "unclean.leader.election.enable": "false",  # a stale replica never becomes leader: nothing acked is lost
-        # The consumer protocol (KIP-848) keeps the session timeout on the broker; let a group ask for the
-        # classic protocol's shortest (6 s: a killed worker's partitions move soon), as workers do in tests
+        # The consumer protocol (KIP-848) keeps the session timeout on the broker; let a group ask for what the
+        # classic protocol allows: 6 s (a killed worker's partitions move soon) to 5 min (a static member
+        # restarting on a busy host keeps its partitions)
         "group.consumer.min.session.timeout.ms": "6000",
+        "group.consumer.max.session.timeout.ms": "300000",
     }
 
 

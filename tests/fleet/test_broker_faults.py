@@ -57,8 +57,8 @@ def test_bulk_leader_killed_mid_backlog_then_back_indexes_every_chunk_once(clust
     ensure_topics(settings.kafka, partitions=4)
     topic, collection = settings.kafka.topic_chunks_bulk, settings.qdrant.collection
     events = _chunk_events(480, "L")
-    first, later = events[:360], events[360:]
-    _publish(settings, topic, [encode(e) for e in first])
+    before, during, after = events[:240], events[240:360], events[360:]
+    _publish(settings, topic, [encode(e) for e in before])
     store = memory_store()
     running = RunningWorker(settings, minilm_engine, store, lanes=("bulk",))
     with running as worker:
@@ -67,8 +67,9 @@ def test_bulk_leader_killed_mid_backlog_then_back_indexes_every_chunk_once(clust
         node = control.node_leading_most([topic])
         control.kill(node)  # (a) kill -9 of the node leading most bulk partitions, mid-backlog
         killed_at, at_kill = time.monotonic(), _count(store, collection)
-        wait_for(lambda: _count(store, collection) == len(first) or not running.thread.is_alive(), 240,
-                 "every chunk indexed while the leader is down")
+        _publish(settings, topic, [encode(e) for e in during])  # acks=all: two of three replicas are left
+        wait_for(lambda: _count(store, collection) == len(before) + len(during) or not running.thread.is_alive(),
+                 240, "every chunk indexed while the leader is down")
         down_s = time.monotonic() - killed_at
         assert running.thread.is_alive(), "the worker exited when the leader died"
         _committed_to_the_end(settings, topic, settings.kafka.group_bulk, timeout_s=120)
@@ -76,15 +77,15 @@ def test_bulk_leader_killed_mid_backlog_then_back_indexes_every_chunk_once(clust
         control.start(node)  # (c) that broker back: it catches up, then leads its partitions again
         control.wait_in_sync([topic])
         control.elect_preferred([topic])
-        _publish(settings, topic, [encode(e) for e in later])
+        _publish(settings, topic, [encode(e) for e in after])
         wait_for(lambda: _count(store, collection) == len(events), 240, "the chunks published after its return")
         end = _committed_to_the_end(settings, topic, settings.kafka.group_bulk, timeout_s=120)
         window = watch.close()
         assert running.thread.is_alive(), "the worker exited when the broker came back"
         embedded = worker.metrics.texts.labels(lane="bulk", kind="chunk")._value.get()
-    print(f"\nleader node {node} killed at {at_kill}/{len(first)} indexed; the rest indexed {down_s:.1f} s later "
-          f"with it down; back, then {len(later)} more: embedded {embedded:.0f} of {len(events)} "
-          f"(in-flight window up to {window})")
+    print(f"\nleader node {node} killed at {at_kill}/{len(before)} indexed, {len(during)} more published; all "
+          f"indexed {down_s:.1f} s after the kill with it down; back, then {len(after)} more: embedded "
+          f"{embedded:.0f} of {len(events)} (in-flight window up to {window})")
     assert end == len(events)
     assert embedded - len(events) <= window  # nothing embedded again beyond what was in flight
     _assert_exactly(store.scroll(collection), events)

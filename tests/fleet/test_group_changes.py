@@ -37,17 +37,22 @@ def _with_kafka(settings, **changes):
     return settings.model_copy(update={"kafka": settings.kafka.model_copy(update=changes)})
 
 
+def _fed_backlog(cluster, name: str, partitions: int, count: int, first: int, rate_per_s: float):
+    """``first`` of ``count`` chunks published now, a steady producer ready to send the rest; a memory store."""
+    settings = isolated_settings(cluster.bootstrap, name)
+    ensure_topics(settings.kafka, partitions=partitions)
+    topic = settings.kafka.topic_chunks_bulk
+    events = _chunk_events(count, name[-1].upper())
+    _publish(settings, topic, [encode(e) for e in events[:first]])
+    producer = _SteadyProducer(settings, topic, [encode(e) for e in events[first:]], rate_per_s=rate_per_s)
+    return settings, topic, settings.qdrant.collection, events, producer, memory_store()
+
+
 @pytest.mark.timeout(600)
 def test_bulk_lane_one_to_three_to_one_workers_mid_backlog(cluster, minilm_engine):
     from embedstream.engine.engine import Engine
 
-    settings = isolated_settings(cluster.bootstrap, "g131")
-    ensure_topics(settings.kafka, partitions=6)
-    topic, collection = settings.kafka.topic_chunks_bulk, settings.qdrant.collection
-    events = _chunk_events(720, "S")
-    _publish(settings, topic, [encode(e) for e in events[:240]])
-    producer = _SteadyProducer(settings, topic, [encode(e) for e in events[240:]], rate_per_s=12)
-    store = memory_store()
+    settings, topic, collection, events, producer, store = _fed_backlog(cluster, "g131", 6, 720, 240, 12)
     first = RunningWorker(settings, minilm_engine, store, lanes=("bulk",))
     others = [RunningWorker(settings, Engine.from_name("all-MiniLM-L6-v2"), store, lanes=("bulk",)) for _ in range(2)]
     with first as one:
@@ -124,15 +129,9 @@ def test_a_member_killed_9_its_partitions_move_and_nothing_is_lost(cluster, tmp_
 def test_rolling_restart_with_static_membership_keeps_the_assignment(cluster, minilm_engine):
     from embedstream.engine.engine import Engine
 
-    settings = isolated_settings(cluster.bootstrap, "gstatic")
-    ensure_topics(settings.kafka, partitions=4)
-    topic, collection = settings.kafka.topic_chunks_bulk, settings.qdrant.collection
-    events = _chunk_events(600, "T")
-    _publish(settings, topic, [encode(e) for e in events[:200]])
-    producer = _SteadyProducer(settings, topic, [encode(e) for e in events[200:]], rate_per_s=8)
+    settings, topic, collection, events, producer, store = _fed_backlog(cluster, "gstatic", 4, 600, 200, 8)
     member = {name: _with_kafka(settings, group_instance_id=name, session_timeout_ms=45_000) for name in ("s1", "s2")}
     engines = {"s1": minilm_engine, "s2": Engine.from_name("all-MiniLM-L6-v2")}
-    store = memory_store()
     running = {name: RunningWorker(member[name], engines[name], store, lanes=("bulk",)) for name in member}
     for worker in running.values():
         worker.__enter__()
