@@ -13,7 +13,8 @@ Every worker is a real ``embedstream worker embed --lanes bulk`` process (librdk
 protocols run on the same client) with its own embedded store (no Qdrant server here: the index is the union
 of the stores by point id, what one shared collection holds after idempotent upserts) and
 ``skip_unchanged`` off, so every redelivered chunk is embedded again and counted. An online worker process
-answers 10 queries/s throughout.
+answers 10 queries/s throughout; the bulk workers run at niceness 10 (on one host they would otherwise take
+the CPU the online lane needs, which separate machines do not).
 
 Per event: **pause s**, the longest stretch without the group's committed offsets moving at all (all of the
 lane stopped); **stall s**, the same for the worst single partition (what moved); **query p95**, of the
@@ -45,6 +46,7 @@ PARTITIONS = 6  # three members hold two each
 DYNAMIC_SESSION_MS = 6_000
 STATIC_SESSION_MS = 180_000  # longer than a worker's restart on a busy 2-vCPU host: its partitions wait for it
 SETTLE_S = 20.0  # an event's window runs this long after the change took effect
+BULK_NICE = 10  # bulk workers yield the CPU to the online one, as on separate machines (``bench pipeline``'s default)
 
 
 @dataclass
@@ -69,8 +71,9 @@ class FleetResult:
 class _Worker:
     """One ``embedstream worker embed`` process with its own store, log and metrics port."""
 
-    def __init__(self, name: str, lanes: str, env: dict, root: Path, metrics_port: int):
+    def __init__(self, name: str, lanes: str, env: dict, root: Path, metrics_port: int, nice: int = 0):
         self.name, self.lanes, self.env, self.root, self.metrics_port = name, lanes, env, root, metrics_port
+        self.nice = nice
         self.store = root / f"store-{name}"
         self.log = root / f"worker-{name}.log"
         self.proc: subprocess.Popen | None = None
@@ -82,7 +85,8 @@ class _Worker:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "embedstream.cli", "worker", "embed", "--lanes", self.lanes, "--no-search",
                  "--metrics-port", str(self.metrics_port)],
-                env=env, cwd=str(self.root), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                env=env, cwd=str(self.root), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
         return self
 
     def alive(self) -> bool:
@@ -105,7 +109,7 @@ class _Worker:
 
         try:
             body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
-        except OSError:
+        except Exception:  # noqa: BLE001 - not serving yet, or dying: the last value stands
             return self.embedded
         found = re.findall(r'^embedstream_texts_total\{[^}]*kind="chunk"[^}]*\} (\S+)$', body, re.M)
         self.embedded = sum(float(v) for v in found) if found else self.embedded
@@ -239,7 +243,8 @@ def _lost(k: KafkaSettings, progress: Progress, workers: list[_Worker]) -> tuple
     reader.assign(list(committed))
     reader.seek_to_beginning()
     left = {tp for tp, end in committed.items() if end > 0}
-    while left:
+    deadline = time.monotonic() + 300
+    while left and time.monotonic() < deadline:
         for tp, records in reader.poll(timeout_ms=500).items():
             for record in records:
                 if record.offset < committed[tp]:
@@ -253,9 +258,9 @@ def _lost(k: KafkaSettings, progress: Progress, workers: list[_Worker]) -> tuple
         if store_dir.exists():
             store = EdgeStore(store_dir)
             try:
-                for name in ("docs",):
-                    if store.collection_exists(name):
-                        union |= {p.id for p in store.scroll(name)}
+                name = store.get_alias("docs") or "docs"  # the workers create docs_v1 behind the alias docs
+                if store.collection_exists(name):
+                    union |= {p.id for p in store.scroll(name)}
             finally:
                 store.close()
     return len(wanted - union), len(union)
@@ -286,7 +291,7 @@ def run_protocol(bootstrap: str, protocol: str, client: str, root: Path, metrics
     feeder = progress = load = queries = None
     try:
         dynamic = _env(k, EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS=str(DYNAMIC_SESSION_MS))
-        a = _Worker(f"{protocol}-a", "bulk", dynamic, root, next(ports))
+        a = _Worker(f"{protocol}-a", "bulk", dynamic, root, next(ports), BULK_NICE)
         workers.append(a)
         scraper.workers = workers
         progress = Progress(k, k.topic_chunks_bulk, k.group_bulk).start()
@@ -302,8 +307,8 @@ def run_protocol(bootstrap: str, protocol: str, client: str, root: Path, metrics
 
         # scale 1 -> 3: the window opens when both new workers have loaded the model and are about to join (a
         # worker's start-up is not the group's doing) and closes SETTLE_S after both hold partitions
-        b = _Worker(f"{protocol}-b", "bulk", dynamic, root, next(ports))
-        c = _Worker(f"{protocol}-c", "bulk", dynamic, root, next(ports))
+        b = _Worker(f"{protocol}-b", "bulk", dynamic, root, next(ports), BULK_NICE)
+        c = _Worker(f"{protocol}-c", "bulk", dynamic, root, next(ports), BULK_NICE)
         workers += [b, c]
         b.start(), c.start()
         _wait(lambda: b.logged(b"embed worker started") and c.logged(b"embed worker started"), 600,
@@ -321,7 +326,7 @@ def run_protocol(bootstrap: str, protocol: str, client: str, root: Path, metrics
         _event(rows, "scale 3 -> 1", label, progress, load, scraper, start, time.monotonic(), emb, com)
         say(_line(rows[-1]))
 
-        b2 = _Worker(f"{protocol}-b", "bulk", dynamic, root, b.metrics_port)  # B's store again
+        b2 = _Worker(f"{protocol}-b", "bulk", dynamic, root, b.metrics_port, BULK_NICE)  # B's store again
         workers.append(b2)
         since = b.log_size()
         b2.start()
@@ -351,7 +356,7 @@ def run_protocol(bootstrap: str, protocol: str, client: str, root: Path, metrics
         progress = Progress(k2, k2.topic_chunks_bulk, k2.group_bulk).start()
         feeder = _Feeder(k2, prefix + "s", initial, rate, progress)
         phase2 = [_Worker(f"{protocol}-s{i}", "bulk", _env(k2, **static, EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID=f"s{i}"),
-                          root, next(ports)) for i in (1, 2)]
+                          root, next(ports), BULK_NICE) for i in (1, 2)]
         scraper.workers = phase2
         for worker in phase2:
             worker.start()
@@ -360,7 +365,7 @@ def run_protocol(bootstrap: str, protocol: str, client: str, root: Path, metrics
         start, emb, com = mark()
         for i, worker in enumerate(list(phase2)):
             worker.stop()
-            again = _Worker(worker.name, "bulk", worker.env, root, worker.metrics_port)
+            again = _Worker(worker.name, "bulk", worker.env, root, worker.metrics_port, BULK_NICE)
             phase2.append(again)
             since = worker.log_size()
             again.start()
