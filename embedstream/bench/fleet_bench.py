@@ -460,7 +460,7 @@ def print_table(result: FleetResult) -> None:
         table.add_row(row.event, row.protocol, f"{row.pause_s:.1f}", f"{row.stall_s:.1f}",
                       "-" if row.query_p95_ms is None else f"{row.query_p95_ms:.0f}", str(row.lost),
                       str(row.re_embedded))
-    console = Console()
+    console = Console(width=max(Console().width, 120))  # a table that wraps in a log is unreadable
     console.print(table)
     for protocol, totals in result.totals.items():
         console.print(f"{protocol}: {totals}")
