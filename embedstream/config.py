@@ -174,6 +174,11 @@ class KafkaSettings(BaseModel):
                     "producers/topics.py); refused by the broker or false: they serve the topics that exist and "
                     "pick up the others when they appear",
     )
+    replication_factor: int | None = Field(
+        default=None, ge=1,
+        description="Replicas of each topic the project creates (None: 3 on a cluster of 3 or more brokers, with "
+                    "min.insync.replicas 2; else one per broker, 1 on a single dev broker)",
+    )
     fetch_max_wait_ms: int = Field(default=10, description="Short fetch wait: request-reply needs it")
     online_client: Literal["librdkafka", "kafka-python"] = Field(
         default="librdkafka",
@@ -190,11 +195,23 @@ class KafkaSettings(BaseModel):
     )
     session_timeout_ms: int | None = Field(
         default=None,
-        description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client default, 45 s)",
+        description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client "
+                    "default, 45 s; group_protocol consumer: set as the group's consumer.session.timeout.ms, within the "
+                    "broker's group.consumer.min/max.session.timeout.ms)",
     )
     reconnect_backoff_max_ms: int = Field(
         default=1000,
         description="Longest wait between reconnect attempts (kafka-python's own default, 30 s, idles clients that long after a broker restart)",
+    )
+    group_protocol: Literal["consumer", "cooperative-sticky", "eager"] = Field(
+        default="consumer",
+        description="How a lane's consumer group hands partitions over when members join, leave or fail. consumer: "
+                    "Kafka 4's protocol (KIP-848: the broker assigns, a member gives up only what moves; librdkafka "
+                    "lanes: kafka-python 3.0.12 has no client for it, its lanes use cooperative-sticky); "
+                    "cooperative-sticky: members keep what does not move (KIP-429); eager: every member gives up "
+                    "everything at each rebalance. Default chosen by `embedstream bench fleet` (docs/fleet.md): over "
+                    "1->3->1 workers, a kill -9 and a static rolling restart, consumer paused the bulk lane 15.7 s in "
+                    "all, cooperative-sticky 23.5 s, eager 23.2 s",
     )
     static_membership: bool = Field(
         default=False,
@@ -239,6 +256,15 @@ class KafkaSettings(BaseModel):
                 config[theirs] = getattr(self, ours)
         config.update(extra)
         return config
+
+    def producer_config(self, **extra) -> dict:
+        """librdkafka config of every producer the project runs (publisher, CDC bridge, replies and dead letters,
+        query client, replay): ``acks=all`` and idempotent, so an acknowledged record is on every in-sync
+        replica (with the topics' ``min.insync.replicas=2`` on a cluster: on two brokers at least) and a retry
+        after a lost acknowledgement neither duplicates nor reorders it. librdkafka, not kafka-python: kafka-python
+        3.0.12's idempotent producer fails every later send after one record the broker refuses (one change too
+        large for its topic), librdkafka's only that record. ``extra``: the producer's own settings."""
+        return self.librdkafka_config(**{"acks": "all", "enable.idempotence": True, **extra})
 
     def instance_id(self) -> str | None:
         """The static member id of this process, or None (dynamic membership)."""

@@ -93,9 +93,8 @@ class QueryClient:
         check_kafka_access(settings, timeout_s=start_timeout_s)  # no broker: KafkaAccessError now, not a 30 s bootstrap
         self._consumer = self._start_consumer(create_reply_topic, partitions, start_timeout_s)
         try:
-            self._producer = Producer(settings.librdkafka_config(
+            self._producer = Producer(settings.producer_config(  # acks=all: a request acked survives a broker's loss
                 **{"client.id": "embedstream-query-client",
-                   "acks": 1,  # a lost request only costs a timeout; waiting for replicas costs every request
                    "linger.ms": 0,
                    # a request the broker has not taken within this (missing topic, broker away) fails
                    "message.timeout.ms": int(send_block_s * 1000)}))

@@ -44,14 +44,15 @@ def tiny_ce_dir(model_dir) -> Path:
     return tiny_models.build_tiny_cross_encoder(model_dir / "tiny-ce")
 
 
-_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc")}
+_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc"), "fleet": ("kafka", "fleet")}
 
 
 def pytest_collection_modifyitems(config, items):
     """A test's folder says what it needs: ``unit/`` no service (some load the offline weights that the
     set-up installs, never a hub), ``kafka/`` the local broker, ``slow/`` time
-    (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker). The
-    folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"`` and ``-m "not cdc"`` select by it."""
+    (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker), ``fleet/``
+    a 3-broker cluster of its own. The folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"``,
+    ``-m "not cdc"`` and ``-m "not fleet"`` select by it."""
     root = Path(__file__).parent
     for item in items:
         try:
@@ -113,6 +114,7 @@ def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = F
 
 from embedstream.vectorstore.locked import LockedStore  # noqa: E402 - re-exported for the tests
 from cdc_rig import cdc_rig, cdc_table  # noqa: E402,F401 - the CDC rig's fixtures (tests/cdc/)
+from cluster_rig import cluster, healed  # noqa: E402,F401 - the 3-broker cluster's fixtures (tests/fleet/)
 
 
 def memory_store() -> LockedStore:

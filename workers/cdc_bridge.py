@@ -43,11 +43,6 @@ log = logs.get("embedstream.cdc")
 
 TruncatePolicy = Literal["dead-letter", "ignore"]
 METRICS_LANE = "cdc"
-# Ordered without idempotence: kafka-python 3.0.12's idempotent producer turns one send the broker
-# refuses for good (a change too large for the chunk topic) into a fatal state that fails every later
-# send, so one bad change would dead-letter all that follow it. One request in flight per connection
-# keeps a document's events in order across retries; a retry may duplicate an event (harmless: upserts).
-ORDERED_NOT_IDEMPOTENT = {"enable_idempotence": False, "max_in_flight_requests_per_connection": 1}
 
 
 @dataclass
@@ -113,7 +108,7 @@ class CdcBridge(WorkerLoop):
         if create_topics:
             ensure_topics(self.kafka, topics=[self.kafka.topic_dead_letters])
         self.publisher = ChunkPublisher(self.kafka, lane=options.lane, collection=options.collection,
-                                        create_topics=create_topics, producer_config=ORDERED_NOT_IDEMPOTENT)
+                                        create_topics=create_topics)
         membership = {} if self.kafka.session_timeout_ms else {"session_timeout_ms": options.session_timeout_ms}
         if options.instance_id and not self.kafka.instance_id():
             membership["group_instance_id"] = options.instance_id

@@ -257,10 +257,11 @@ class Lane:
         self.outbox.forward(record, topic, request, handle, self.name)
 
     # -- offsets and ownership ------------------------------------------------------------------
-    def commit(self, wait: bool = True) -> None:
-        """Commit every finished contiguous run; dead letters and replies are acknowledged first."""
+    def commit(self, wait: bool = True, revoked: frozenset = frozenset()) -> None:
+        """Commit every finished contiguous run (``revoked``: of those partitions too, being handed over); dead
+        letters and replies are acknowledged first."""
         self.outbox.settle(self.flush_timeout_s)
-        commit_finished(self.consumer, self.offsets, wait=wait, lane=self.name)
+        commit_finished(self.consumer, self.offsets, wait=wait, revoked=revoked, lane=self.name)
 
     def drop(self, partitions: set[tuple[str, int]]) -> None:
         """Forget queued work and offsets of partitions this worker no longer owns.
@@ -323,7 +324,7 @@ class _Rebalance(ConsumerRebalanceListener):
         if self.lane.on_revoke is not None:
             self.lane.on_revoke(partitions)
         # kafka-python 3 calls this on the consumer's IO thread, which refuses blocking calls: commit async
-        self.lane.commit(wait=False)
+        self.lane.commit(wait=False, revoked=frozenset(partitions))
         self.lane.drop(partitions)
 
     def on_partitions_assigned(self, assigned):

@@ -268,3 +268,36 @@ def bench_transport(
     with _broker(port):
         rows = transport_bench.run(port, count, gap_ms)
     transport_bench.print_table(rows)
+
+
+@app.command("fleet")
+def bench_fleet(
+    port: int = typer.Option(9192, "--port", help="First port of the 3-broker dev cluster (nodes on PORT..PORT+5; "
+                                                  "workers' metrics on PORT+10.. ); one answering there is used"),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The cluster's folder (default: "
+                                           "$EMBEDSTREAM_KAFKA_DATA_DIR, else ~/.cache/embedstream/kafka-data/PORT)"),
+    protocol: list[str] = typer.Option(list(("consumer", "cooperative-sticky", "eager")),
+                                       help="Rebalance protocols to measure; repeat the flag for several"),
+    rate: float = typer.Option(30.0, help="Most chunks/s the producer adds to keep the backlog"),
+    backlog: int = typer.Option(300, help="Chunks kept in the bulk backlog (published, not yet committed)"),
+    qps: float = typer.Option(10.0, help="Queries/s on the online lane throughout"),
+    client: list[str] = typer.Option(["librdkafka"], help="Bulk lane client(s): librdkafka, kafka-python (no KIP-848 "
+                                                           "client: its consumer row is left out)"),
+    out: Optional[str] = typer.Option(None, help="Also write the rows as JSON to this file"),
+) -> None:
+    """Bulk lane group changes on a 3-broker cluster (1 -> 3 -> 1 workers, kill -9 of a member, a rolling restart
+    with static membership), per rebalance protocol: pause, query p95, chunks lost and re-embedded."""
+    from embedstream.bench import fleet_bench
+
+    bad = [p for p in protocol if p not in fleet_bench.PROTOCOLS]
+    if bad:
+        raise typer.BadParameter(f"protocol must be one of {fleet_bench.PROTOCOLS}, got {bad}")
+    logs.configure(level="WARNING")
+    if any(c not in ("librdkafka", "kafka-python") for c in client):
+        raise typer.BadParameter(f"client must be librdkafka or kafka-python, got {client}")
+    from pathlib import Path
+
+    result = fleet_bench.run(port, data_dir, protocol, rate, backlog, qps, clients=client,
+                             out=Path(out) if out else None,
+                             say=lambda line: typer.echo(line, err=True))
+    fleet_bench.print_table(result)

@@ -204,19 +204,16 @@ def kafka_free_publisher(monkeypatch):
     sent: list[tuple] = []
 
     class FakeProducer:
-        def __init__(self, **_):
+        def __init__(self, _config):
             pass
 
-        def send(self, topic, key=None, value=None):
+        def produce(self, topic, key=None, value=None, on_delivery=None):
             sent.append((topic, key, value))
 
-            class Future:
-                def add_errback(self, _):
-                    return self
+        def poll(self, _timeout=0):
+            return 0
 
-            return Future()
-
-    monkeypatch.setattr(publisher_module, "KafkaProducer", FakeProducer)
+    monkeypatch.setattr(publisher_module, "Producer", FakeProducer)
     settings = KafkaSettings(topic_chunks_online="lane", topic_documents="docs-log")
     return publisher_module.ChunkPublisher(settings, lane="online", create_topics=False), sent
 
