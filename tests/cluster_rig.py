@@ -1,19 +1,18 @@
-"""The fleet tests' fixtures (tests/fleet/): one 3-broker KRaft cluster per session, on ports
-EMBEDSTREAM_TEST_KAFKA_PORT+600..+605 and a data dir of this run; ``healed``: every node up when a test
+"""The fleet tests' fixtures (tests/fleet/): one 3-broker KRaft cluster per session, on the ports
+``ports.FLEET_CLUSTER`` gives (tests/ports.py) and a data dir of this run; ``healed``: every node up when a test
 starts and ends."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
+import ports
 import pytest
 
 from embedstream import devkafka
 from embedstream.bench.fleet_rig import ClusterControl
 from embedstream.config import KafkaSettings
 
-CLUSTER_PORT_OFFSET = 600
 
 class Cluster:
     def __init__(self, port: int, data_dir: str, bootstrap: str):
@@ -25,7 +24,7 @@ class Cluster:
 def cluster(tmp_path_factory):
     if shutil.which("java") is None:
         pytest.skip("java not installed")
-    port = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + CLUSTER_PORT_OFFSET
+    port = ports.port(ports.FLEET_CLUSTER)
     data_dir = str(tmp_path_factory.mktemp("kafka-cluster"))
     info = devkafka.start(port=port, data_dir=data_dir, brokers=3)
     found = Cluster(port, data_dir, info.bootstrap)

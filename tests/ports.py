@@ -18,6 +18,8 @@ QUICK_STARTS = 400  # test_quick_starts' broker and services (+400..+499)
 COMMAND_CLEANUP = 500  # test_command_cleanup's broker (+500..+599)
 GATEWAYS = 600  # gateways of the test stacks (+600..+699, tests/gateway_rig.py)
 FAILING_ENDPOINTS = 700  # failing Qdrant endpoints (+700..+799, tests/failing_endpoints.py)
+FLEET_CLUSTER = 800  # the fleet tests' 3-broker cluster: brokers +800, +802, +804, controllers one above each
+FLEET_WORKERS = 850  # metrics ports of the fleet tests' worker processes (+850..+899)
 
 
 def port(offset: int) -> int:

@@ -5,11 +5,11 @@ not asserted here."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 
 import pytest
+import ports
 from conftest import isolated_settings, memory_store, wait_for
 from fault_rig import (_assert_exactly, _chunk_events, _chunks_handled, _committed_to_the_end, _GroupProgress, _publish,
                        _spawn_worker, _SteadyProducer)
@@ -89,15 +89,15 @@ def test_a_member_killed_9_its_partitions_move_and_nothing_is_lost(cluster, tmp_
     topic, group, collection = settings.kafka.topic_chunks_bulk, settings.kafka.group_bulk, settings.qdrant.collection
     events = _chunk_events(900, "K")
     _publish(settings, topic, [encode(e) for e in events])
-    base = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 650
-    ports, stores, log = (base, base + 1), (tmp_path / "a", tmp_path / "b"), tmp_path / "workers.log"
-    workers = [_spawn_worker(settings, stores[i], ports[i], log) for i in range(2)]  # session timeout 6 s
+    base = ports.port(ports.FLEET_WORKERS)
+    metrics_ports, stores, log = (base, base + 1), (tmp_path / "a", tmp_path / "b"), tmp_path / "workers.log"
+    workers = [_spawn_worker(settings, stores[i], metrics_ports[i], log) for i in range(2)]  # session timeout 6 s
     progress = _GroupProgress(settings, topic, group)
     try:
         def both_working() -> bool:
             assert all(w.poll() is None for w in workers), log.read_text()[-3000:]
             try:
-                return all(_chunks_handled(port) > 0 for port in ports)
+                return all(_chunks_handled(port) > 0 for port in metrics_ports)
             except OSError:  # metrics not served yet
                 return False
 
