@@ -16,6 +16,7 @@ from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
+from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT
 from embedstream.workers.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
@@ -85,6 +86,17 @@ def librdkafka_rebalancing(kafka: KafkaSettings) -> dict:
     if kafka.session_timeout_ms:
         config["session.timeout.ms"] = kafka.session_timeout_ms
     return config
+
+
+def with_served_group_protocol(kafka: KafkaSettings, apis: frozenset[int]) -> KafkaSettings:
+    """The settings with a group protocol the broker serves: ``consumer`` (KIP-848) needs a broker that lists
+    ConsumerGroupHeartbeat (Kafka 4 with the protocol enabled); on another one (Kafka 3, or the protocol turned
+    off) the lanes use ``cooperative-sticky``, said once, instead of failing to join."""
+    if kafka.group_protocol != "consumer" or CONSUMER_GROUP_HEARTBEAT in apis:
+        return kafka
+    log.warning("the broker does not serve the consumer group protocol (KIP-848): lanes use cooperative-sticky",
+                bootstrap=kafka.bootstrap_servers)
+    return kafka.model_copy(update={"group_protocol": "cooperative-sticky"})
 
 
 def incremental(kafka: KafkaSettings) -> bool:
