@@ -50,9 +50,10 @@ def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, La
     """The Kafka side: request topics present, one reply reader, the lag probes (blocking; run off the loop)."""
     from embedstream.producers.topics import ensure_topics
     from embedstream.producers.query_client import QueryClient
+    from embedstream.producers.search_routing import search_topic
 
     k = settings.kafka
-    topics = [k.topic_queries, k.topic_rerank, k.topic_search]
+    topics = [k.topic_queries, k.topic_rerank, search_topic(k, settings.qdrant.collection)]
     ensure_topics(k, topics=topics)
     client = QueryClient(k.model_copy(update={"fetch_max_wait_ms": options.reply_fetch_wait_ms}), options.reply_topic)
     try:
@@ -60,7 +61,7 @@ def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, La
     except BaseException:
         client.close()
         raise
-    monitor = LagMonitor(k, options.lag_interval_s).start()
+    monitor = LagMonitor(k, options.lag_interval_s, settings.qdrant.collection).start()
     admission = Admission(options.max_inflight, options.max_lag, options.retry_after_s, monitor)
     return KafkaLanes(client, admission), monitor
 
