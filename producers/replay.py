@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from confluent_kafka import Producer
+from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.producers.chunker import Chunker
-from embedstream.producers.publisher import ChunkPublisher
+from embedstream.producers.publisher import ChunkPublisher, PublishError
 from embedstream.producers.sources import Document
 from embedstream.schemas.bounds import doc_id_refusal
 from embedstream.schemas.codec import DecodeError, decode, encode
@@ -94,7 +95,8 @@ class DocumentReplay:
             **kafka.client_kwargs(), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
             fetch_max_wait_ms=100, max_poll_records=poll_records, client_id=f"embedstream-replay-{group_id}",
         )
-        self._dead_letters = KafkaProducer(**kafka.client_kwargs(), acks="all")
+        self._dead_letters = Producer(kafka.producer_config(**{"client.id": f"embedstream-replay-{group_id}"}))
+        self._letter_failures: list[str] = []
         self.partitions = self._partitions()
         self.consumer.assign(self.partitions)  # manual assignment: no group join, offsets still stored
 
@@ -200,14 +202,24 @@ class DocumentReplay:
     def _dead_letter(self, record, error: ErrorInfo) -> None:
         letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
                                         error, worker=f"replay:{self.group_id}")
-        self._dead_letters.send(self.kafka.topic_dead_letters, key=record.key, value=encode(letter))
+        def delivered(error, _message) -> None:
+            if error is not None:
+                self._letter_failures.append(error.str())
+
+        self._dead_letters.produce(self.kafka.topic_dead_letters, key=record.key, value=encode(letter),
+                                   on_delivery=delivered)
+        self._dead_letters.poll(0)
 
     def _commit(self) -> None:
         """Positions become durable only after everything published for them was acknowledged."""
         self.publisher.flush()
-        self._dead_letters.flush()
+        left = self._dead_letters.flush()
+        failures, self._letter_failures = self._letter_failures, []
+        if left or failures:
+            raise PublishError(f"dead letters to {self.kafka.topic_dead_letters} not written: {left} unacknowledged, "
+                               f"{len(failures)} failed{f' (first: {failures[0]})' if failures else ''}")
         self.consumer.commit({tp: OffsetAndMetadata(self.consumer.position(tp), "", -1) for tp in self.partitions})
 
     def close(self) -> None:
         self.consumer.close(autocommit=False)
-        self._dead_letters.close()
+        self._dead_letters.flush(10.0)

@@ -29,6 +29,7 @@ from pydantic import (
 from embedstream.schemas.bounds import (
     MAX_CHUNK_IDS,
     MAX_DIMENSIONS,
+    MAX_SAFE_INTEGER,
     ChunkId,
     CollectionName,
     DocId,
@@ -234,8 +235,14 @@ class QueryRequest(WireModel):
     truncate: bool | None = Field(
         default=None, description="Cut a text over the model's token limit instead of refusing it; None = the model's setting"
     )
+    truncation_direction: Literal["right", "left"] = Field(
+        default="right", description="Which end a cut text loses: right = its end, left = its start")
+    max_tokens: bounded_int(1, MAX_SAFE_INTEGER) | None = Field(
+        default=None, description="A token limit below the model's (special tokens included); None = the model's")
     sparse: bool = Field(default=False, description="Also reply with the text's sparse vector (the worker's sparse "
                          "encoder, EMBEDSTREAM_SPARSE__KIND); refused by a worker without one")
+    token_embeddings: bool = Field(default=False, description="Also reply with every token's last hidden state "
+                                   "(TEI's /embed_all): the packed forward pass's rows of this text")
     reply_to: TopicName = Field(description="Topic the reply is produced to")
     deadline_ms: EpochMs | None = Field(default=None, description="Epoch ms after which workers may drop the request")
     sent_at_ms: EpochMs | None = None
@@ -271,6 +278,25 @@ class QueryReply(WireModel):
     timings_ms: dict[str, float] = Field(default_factory=dict)
     error: ErrorInfo | None = None
     sparse: SparseTerms | None = Field(default=None, description="The text's sparse vector, when the request asked")
+    token_embeddings: str | None = Field(
+        default=None, pattern=BASE64_PATTERN, json_schema_extra={"contentEncoding": "base64"},
+        description="When the request asked: every token's last hidden state, base64 of little-endian float32, "
+                    "row-major [tokens, token_dims] (special and prompt tokens included)")
+    token_dims: WireInt | None = Field(default=None, description="Width of each token_embeddings row")
+
+    @staticmethod
+    def encode_token_states(states: np.ndarray) -> str:
+        """[tokens, hidden] floats as ``token_embeddings`` carries them (exact float32)."""
+        return base64.b64encode(np.ascontiguousarray(states, dtype="<f4").tobytes()).decode("ascii")
+
+    def token_state_array(self) -> np.ndarray | None:
+        """``token_embeddings`` as float32 [tokens, token_dims]; None when absent."""
+        if self.token_embeddings is None or not self.token_dims:
+            return None
+        flat = np.frombuffer(base64.b64decode(self.token_embeddings), dtype="<f4")
+        if flat.size % self.token_dims:
+            raise ValueError(f"token_embeddings holds {flat.size} floats, not a whole number of {self.token_dims}-wide rows")
+        return flat.reshape(-1, self.token_dims).astype(np.float32)
 
 
 class DeadLetter(WireModel):

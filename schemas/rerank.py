@@ -12,11 +12,13 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from embedstream.ranking import DEFAULT_FUSION, FusionName
 from embedstream.schemas.bounds import (
     MAX_CANDIDATES,
     MAX_FILTER_VALUES,
     MAX_FILTERS,
     MAX_NAME_CHARS,
+    MAX_SAFE_INTEGER,
     MAX_TOP_K,
     MAX_TOP_N,
     CollectionName,
@@ -64,6 +66,9 @@ class RerankRequest(WireModel):
     reply_to: TopicName = Field(description="Topic the reply is produced to")
     deadline_ms: EpochMs | None = Field(default=None, description="Epoch ms after which workers may drop the request")
     cut: bool = Field(default=False, description="Keep the first max_candidates instead of refusing a longer list")
+    max_tokens_per_doc: bounded_int(1, MAX_SAFE_INTEGER) | None = Field(
+        default=None, description="Cut each candidate to at most this many tokens (within the model's limit); None = "
+        "as much as the model's limit leaves beside the query")
     sent_at_ms: EpochMs | None = None
 
 
@@ -98,7 +103,7 @@ class SearchRequest(WireModel):
         {"request_id": "s2", "query": "q", "collection": "docs_v2", "top_k": 100, "top_n": 5, "rerank": False,
          "filters": {"lang": "en", "year": [2023, 2024]}, "reply_to": "embedstream.replies.gw1",
          "deadline_ms": 1700000000500, "sent_at_ms": 1700000000000},
-        {"request_id": "s3", "query": "ERR_CONN_RESET in urllib", "mode": "hybrid", "fusion": "rrf",
+        {"request_id": "s3", "query": "ERR_CONN_RESET in urllib", "mode": "hybrid", "fusion": "logit",
          "dense_limit": 100, "sparse_limit": 100, "top_k": 50, "top_n": 10, "reply_to": "embedstream.replies"},
     ]})
 
@@ -114,8 +119,11 @@ class SearchRequest(WireModel):
     mode: Literal["dense", "hybrid"] = Field(
         default="dense", description="dense: the dense vector alone; hybrid: dense and sparse searches fused by "
         "the store (the collection needs its sparse vector), top_k of the fused list go on to the reranker")
-    fusion: Literal["rrf", "dbsf"] = Field(
-        default="rrf", description="hybrid: reciprocal rank fusion, or distribution-based score fusion")
+    fusion: FusionName = Field(
+        default=DEFAULT_FUSION, description="hybrid: how the dense and sparse lists are fused (embedstream.ranking): "
+        "logit (cosine x 30 + sparse score, the default, chosen by bench quality --hybrid), rrf (reciprocal rank, "
+        "k 60), wrrf (RRF, dense weighted 2), dbsf (distribution-based score fusion), convex (scores over their "
+        "list's best, alpha 0.5)")
     dense_limit: bounded_int(1, MAX_TOP_K, "hybrid: candidates of the dense search (default top_k)") | None = None
     sparse_limit: bounded_int(1, MAX_TOP_K, "hybrid: candidates of the sparse search (default top_k)") | None = None
     reply_to: TopicName

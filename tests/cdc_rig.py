@@ -11,14 +11,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ports
 import pytest
 
 from embedstream.devcdc import connect, postgres
 
 
 def _port(env: str, offset: int) -> int:
-    """EMBEDSTREAM_TEST_PG_PORT / _CONNECT_PORT, else the test broker's port plus 100 / 200."""
-    return int(os.environ.get(env) or int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + offset)
+    """EMBEDSTREAM_TEST_PG_PORT / _CONNECT_PORT, else the run's port table (tests/ports.py)."""
+    return int(os.environ.get(env) or ports.port(offset))
 
 
 @dataclass
@@ -93,7 +94,7 @@ def cdc_rig(kafka_bootstrap, tmp_path_factory):
     # PostgreSQL runs as the 'postgres' user when the tests run as root: its folder must be reachable.
     pg_dir = Path(tempfile.mkdtemp(prefix="embedstream-test-pg-"))
     pg_dir.chmod(0o755)
-    pg_port, rest_port = _port("EMBEDSTREAM_TEST_PG_PORT", 100), _port("EMBEDSTREAM_TEST_CONNECT_PORT", 200)
+    pg_port, rest_port = _port("EMBEDSTREAM_TEST_PG_PORT", ports.POSTGRES), _port("EMBEDSTREAM_TEST_CONNECT_PORT", ports.CONNECT)
     connect_dir = tmp_path_factory.mktemp("connect-data")
     pg = postgres.start(pg_port, pg_dir / "pg")
     try:

@@ -95,7 +95,7 @@ def _nothing_left_running():
         yield
 
 
-_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc")}
+_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc"), "fleet": ("kafka", "fleet")}
 # Tests outside slow/ that take a minute or more each on a busy 2-vCPU host (--durations, load 19-25): every
 # command as its own processes on a fresh broker, or an int8 calibration. Marked slow here, by path, so
 # ``-m "not slow"`` is the quick loop; scripts/test.sh runs them all.
@@ -113,8 +113,9 @@ _SLOW_PATHS = (
 def pytest_collection_modifyitems(config, items):
     """A test's folder says what it needs: ``unit/`` no service (some load the offline weights that the
     set-up installs, never a hub), ``kafka/`` the local broker, ``slow/`` time
-    (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker). The
-    folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"`` and ``-m "not cdc"`` select by it
+    (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker), ``fleet/``
+    a 3-broker cluster of its own. The folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"``,
+    ``-m "not cdc"`` and ``-m "not fleet"`` select by it
     (``_SLOW_PATHS``: the long tests of the other folders are marked slow too)."""
     root = Path(__file__).parent
     for item in items:
@@ -170,6 +171,7 @@ def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = F
         group_online=f"{p}-online",
         group_bulk=f"{p}-bulk",
         group_rerank=f"{p}-rerank",
+        group_search=f"{p}-search",
     )
     from embedstream.config import QdrantSettings
 
@@ -178,6 +180,7 @@ def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = F
 
 from embedstream.vectorstore.locked import LockedStore  # noqa: E402 - re-exported for the tests
 from cdc_rig import cdc_rig, cdc_table  # noqa: E402,F401 - the CDC rig's fixtures (tests/cdc/)
+from cluster_rig import cluster, healed  # noqa: E402,F401 - the 3-broker cluster's fixtures (tests/fleet/)
 
 
 def memory_store() -> LockedStore:

@@ -148,13 +148,13 @@ def _free_port() -> int:
 
 def _chunks_handled(metrics_port: int) -> float:
     """Chunk records a worker process finished, scraped from its /metrics: embedded and written
-    (embedstream_texts_total{kind="chunk"}) plus found already written (embedstream_chunks_unchanged_total)."""
+    (embedstream_texts_total{kind="chunk"}) plus those needing no forward pass (embedstream_forward_passes_avoided_total)."""
     import re
     import urllib.request
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     embedded = re.findall(r'^embedstream_texts_total\{[^}]*kind="chunk"[^}]*\} (\S+)$', body, re.M)
-    unchanged = re.findall(r'^embedstream_chunks_unchanged_total\{[^}]*\} (\S+)$', body, re.M)
+    unchanged = re.findall(r'^embedstream_forward_passes_avoided_total\{[^}]*\} (\S+)$', body, re.M)
     return sum(float(v) for v in embedded + unchanged)
 
 

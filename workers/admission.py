@@ -14,7 +14,7 @@ model. Per online lane (embed: queries and online chunks; rerank; search) one ``
 * says when online traffic **is at risk** (p95 near the target) and how large a bulk pass still fits.
 
 Which request runs, waits or is refused, using these, is decided in ``workers/policy.py``; why some
-refusals still come at a request's turn (the alternatives measured) is in the README.
+refusals still come at a request's turn (the alternatives measured) is in docs/components/admission.md.
 """
 
 from __future__ import annotations

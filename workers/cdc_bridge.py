@@ -2,9 +2,10 @@
 
 c / r / u: the row's text is chunked for the target model and every chunk is published (keyed by
 doc_id, each with its content hash), followed by a delete of the chunks at or beyond the new
-count, so chunks that vanished when a document shrank go too. The embed workers skip chunks
-whose stored point already has the same content hash, model and metadata, so an update only
-re-embeds what changed. d and tombstones delete every chunk of the document; t (truncate) is
+count, so chunks that vanished when a document shrank go too. The embed workers decide per chunk
+what needs a forward pass (:mod:`embedstream.workers.unchanged`): a status-only update rewrites
+payloads with none, an edit re-embeds the chunks whose text changed (the chunker keeps the others'
+boundaries) and moves the rest. d and tombstones delete every chunk of the document; t (truncate) is
 dead-lettered (``truncate_refused``) or ignored, as configured. A value the source left out (Debezium's
 placeholder for an unchanged TOASTed column) is filled in from the document's documents-log record
 (:mod:`embedstream.workers.cdc_memory`), never indexed; when no record has it, the change is
@@ -42,11 +43,6 @@ log = logs.get("embedstream.cdc")
 
 TruncatePolicy = Literal["dead-letter", "ignore"]
 METRICS_LANE = "cdc"
-# Ordered without idempotence: kafka-python 3.0.12's idempotent producer turns one send the broker
-# refuses for good (a change too large for the chunk topic) into a fatal state that fails every later
-# send, so one bad change would dead-letter all that follow it. One request in flight per connection
-# keeps a document's events in order across retries; a retry may duplicate an event (harmless: upserts).
-ORDERED_NOT_IDEMPOTENT = {"enable_idempotence": False, "max_in_flight_requests_per_connection": 1}
 
 
 @dataclass
@@ -112,7 +108,7 @@ class CdcBridge(WorkerLoop):
         if create_topics:
             ensure_topics(self.kafka, topics=[self.kafka.topic_dead_letters])
         self.publisher = ChunkPublisher(self.kafka, lane=options.lane, collection=options.collection,
-                                        create_topics=create_topics, producer_config=ORDERED_NOT_IDEMPOTENT)
+                                        create_topics=create_topics)
         membership = {} if self.kafka.session_timeout_ms else {"session_timeout_ms": options.session_timeout_ms}
         if options.instance_id and not self.kafka.instance_id():
             membership["group_instance_id"] = options.instance_id

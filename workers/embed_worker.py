@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -27,20 +28,21 @@ from embedstream.engine.prepared import Prepared
 from embedstream.engine.errors import EngineError
 from embedstream.engine.yield_points import yielding_to
 from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
-from embedstream.schemas.codec import DecodeError, decode
+from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, SparseTerms, now_ms
 from embedstream.workers.admission import SHED_MESSAGES, AdmissionConfig, LaneController
 from embedstream.workers.lane import Lane, SyncQueue, Taken
 from embedstream.workers.loop import new_worker_id
+from embedstream.workers.kafka_io import MAX_REQUEST_BYTES
 from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.policy import BULK, ONLINE, TurnPolicy
 from embedstream.workers.scheduler import Scheduler
 from embedstream.workers.output_stage import OutputStage, WriteJob, write_jobs
-from embedstream.workers.sink import QdrantSink
+from embedstream.workers.sink import QdrantSink, Reuse
 from embedstream.workers.stages import Stage, StagedWorkerLoop
 from embedstream.workers.trust import TrustError, TrustPolicy, check_trust
-from embedstream.workers.unchanged import UnchangedChunks
+from embedstream.workers.unchanged import StoredChunks, UnchangedChunks
 
 log = logs.get("embedstream.worker")
 
@@ -50,6 +52,7 @@ _WAIT_S = 0.05  # longest a stage waits for work (or room) before it looks at st
 _QUERY_LOOK_S = 0.002  # a model stage waiting on the sink looks for queries this often
 _ONLINE_POLL_MS = 10  # intake's wait for queries when a bulk lane shares the thread (a query waits at most this)
 _INTAKE_SLICE = 256  # records decoded and queued at once: the model stage starts on the first slice
+AVOIDED = {"same": "unchanged", "payload": "metadata", "vectors": "moved"}  # Reuse kind -> the metric's reason
 
 
 @dataclass
@@ -111,7 +114,7 @@ class EmbedWorker(StagedWorkerLoop):
                         why="an OpenVINO pass does not yield between layers: a query waits for the whole bulk pass "
                             "ahead of it; run online lanes on backend auto (packed) and bulk on openvino")
         self._served_between_s = 0.0  # time the current bulk pass spent serving online work at its checkpoints
-        self.unchanged = UnchangedChunks(sink.unchanged, self._wait_answering_queries)  # lookups off this stage
+        self.unchanged = UnchangedChunks(StoredChunks(sink).lookup, self._wait_answering_queries)  # lookups off this stage
         self.last_commit = 0.0
         self.trust = TrustPolicy.from_settings(settings)
         self.queued = threading.Condition(threading.RLock())  # every lane queue's changes; waits for work or room
@@ -201,7 +204,9 @@ class EmbedWorker(StagedWorkerLoop):
     def _request(event) -> EmbedRequest:
         if isinstance(event, QueryRequest):
             return EmbedRequest(event.request_id, event.text, event.dimensions, event.dtype, normalize=event.normalize,
-                                truncate=event.truncate, prompt=event.prompt, sparse=event.sparse)
+                                truncate=event.truncate, prompt=event.prompt, sparse=event.sparse,
+                                token_states=event.token_embeddings, truncate_left=event.truncation_direction == "left",
+                                max_tokens=event.max_tokens)
         return EmbedRequest(f"{event.doc_id}/{event.chunk_id}", event.text, prompt="document",
                             token_ids=event.token_id_array(), tokenizer=event.tokenizer)
 
@@ -267,15 +272,25 @@ class EmbedWorker(StagedWorkerLoop):
     # -- model stage ---------------------------------------------------------------------------
     def compute(self, batch: list[WorkItem]) -> list[WriteJob]:
         """Embed what needs embedding in one forward pass and answer the queries; what is left to
-        write (chunks with their vectors, deletes) goes on as write jobs, in log order."""
+        write (chunks with their vectors or written without a forward pass, deletes) goes on as one
+        write job, in log order."""
         start = time.perf_counter()
         batch = [item for item in batch if not OffsetTracker.revoked(item.handle)]  # revoked: the new owner's
         self._observe_queue_wait(batch, start)
         live = self._drop_expired([i for i in batch if not isinstance(i.event, DocumentDelete)], now_ms())
+        reused: dict[int, Reuse] = {}
         if self.options.skip_unchanged:
-            live = self._skip_unchanged(live, batch)
-        if not live:
-            return write_jobs(batch, {})
+            live, reused = self._skip_unchanged(live, batch)
+        self._observe_changes(batch, live)
+        try:
+            vectors = self._embed(live, start) if live else {}
+        except _StoppedMidPass:  # nothing written, nothing finished: the records are redelivered to the next owner
+            log.info("stopping: a bulk pass was given up between its layers", items=len(live))
+            return []
+        return write_jobs(batch, vectors, reused)
+
+    def _embed(self, live: list[WorkItem], start: float) -> dict[int, object]:
+        """One forward pass for ``live``: queries are answered, the chunks' vectors returned (id(item) -> vector)."""
         timings = StageTimings()
         kind = live[0].lane
         predicted_ms = self.admission.model.predict(sum(i.tokens for i in live))
@@ -289,11 +304,10 @@ class EmbedWorker(StagedWorkerLoop):
             with self.turns.running_pass(kind, wait_ms), \
                     (yielding_to(self._at_checkpoint) if self.checkpoints and kind == BULK else nullcontext()):
                 vectors = self.engine.forward([i.prepared for i in live], timings)
-        except _StoppedMidPass:  # nothing written, nothing finished: the records are redelivered to the next owner
-            log.info("stopping: a bulk pass was given up between its layers", items=len(live))
-            return []
+        except _StoppedMidPass:
+            raise  # the worker stops: ``compute`` drops the pass
         except Exception as exc:  # noqa: BLE001 - a failed pass fails its records, never the worker
-            return self._forward_failed(batch, live, exc)
+            return self._forward_failed(live, exc, start)
         served_ms = self._served_between_s * 1000 if preemptible else 0.0
         timings.forward_ms = max(0.0, timings.forward_ms - served_ms)  # this pass's own time
         self.metrics.observe_batch(kind, timings, len(live))
@@ -307,7 +321,7 @@ class EmbedWorker(StagedWorkerLoop):
                 self._answer(item, vector, start, timings)
             else:
                 chunks[id(item)] = vector
-        return write_jobs(batch, chunks)
+        return chunks
 
     def _at_checkpoint(self) -> None:
         """Between two layers of a bulk pass: give the pass up if the worker is stopping (a pass can outlast
@@ -378,19 +392,20 @@ class EmbedWorker(StagedWorkerLoop):
             live.append(item)
         return live
 
-    def _forward_failed(self, batch: list[WorkItem], live: list[WorkItem], exc: Exception) -> list[WriteJob]:
-        """Several items: run the batch again one item at a time, in log order, to find the one at fault.
-        One item: it is answered with the error (a query) or dead-lettered (a chunk); deletes are written."""
+    def _forward_failed(self, live: list[WorkItem], exc: Exception, start: float) -> dict[int, object]:
+        """Several items: each alone through the model, in log order, to find the one at fault (what the
+        batch decided without a forward pass stands: its lookup saw the whole batch). One item: it is
+        answered with the error (a query) or dead-lettered (a chunk)."""
         log.error("forward pass failed", items=len(live), error=f"{type(exc).__name__}: {str(exc)[:300]}")
         if len(live) > 1:
-            return [job for item in batch for job in self.compute([item])]
+            return {key: vector for item in live for key, vector in self._embed([item], start).items()}
         (item,) = live
         info = ErrorInfo(code="forward_failed", message=f"the forward pass failed: {type(exc).__name__}: {str(exc)[:500]}")
         if isinstance(item.event, QueryRequest):
             self._reply_error(item.lane, item.record, item.event, item.handle, info)
         else:
             self.lanes[item.lane].dead_letter(item.record, info, item.handle)
-        return write_jobs(batch, {})
+        return {}
 
     def _answer(self, item: WorkItem, vector, start: float, timings: StageTimings) -> None:
         result = self.engine.finish(item.prepared, vector)
@@ -403,18 +418,37 @@ class EmbedWorker(StagedWorkerLoop):
             timings_ms={"queue_wait": (start - item.received) * 1000, **timings.as_dict(),
                         "total": (time.perf_counter() - item.received) * 1000},
         )
+        if item.event.token_embeddings and result.token_states is not None:
+            too_large = _with_token_states(reply, result.token_states)
+            if too_large is not None:
+                self._reply_error(item.lane, item.record, item.event, item.handle, too_large)
+                return
         self.lanes[item.lane].reply(item.record, item.event, reply, item.handle)
         self.turns.replied(item.predicted_finish_ms, reply.timings_ms["total"], item.event.sent_at_ms, now_ms())
         self.metrics.texts.labels(lane=item.lane, kind="query").inc()
 
-    def _skip_unchanged(self, items: list[WorkItem], batch: list[WorkItem]) -> list[WorkItem]:
-        """Finish, without embedding, the chunks whose stored point already matches (``UnchangedChunks``)."""
-        skipped = self.unchanged.find(items, batch, self.output.docs_writing)
+    def _skip_unchanged(self, items: list[WorkItem], batch: list[WorkItem]) -> tuple[list[WorkItem], dict[int, Reuse]]:
+        """The items that still need a forward pass, and what the store holds for those that do not
+        (``UnchangedChunks``): a chunk whose point already holds it is finished at once; a payload rewrite
+        or lent vectors go on to the output stage as writes."""
+        found = self.unchanged.find(items, batch, self.output.docs_writing)
+        if not found:
+            return items, {}
         for item in items:
-            if id(item) in skipped:
+            reuse = found.get(id(item))
+            if reuse is None:
+                continue
+            self.metrics.forward_passes_avoided.labels(lane=item.lane, reason=AVOIDED[reuse.kind]).inc()
+            if reuse.kind == "same":
                 OffsetTracker.done(item.handle)
-                self.metrics.chunks_unchanged.labels(lane=item.lane).inc()
-        return [i for i in items if id(i) not in skipped] if skipped else items
+        return [i for i in items if id(i) not in found], {k: r for k, r in found.items() if r.kind != "same"}
+
+    def _observe_changes(self, batch: list[WorkItem], embedded: list[WorkItem]) -> None:
+        """Per document with chunk events in the batch, how many of them go through the model."""
+        changed = {i.doc_key: i.lane for i in batch if isinstance(i.event, ChunkEvent)}
+        forwarded = Counter(i.doc_key for i in embedded if isinstance(i.event, ChunkEvent))
+        for key, lane in changed.items():
+            self.metrics.change_chunks_embedded.labels(lane=lane).observe(forwarded[key])
 
     def model_step(self) -> None:
         """Wait for queued work (idle), form a batch and compute it (busy), hand it on (blocked while full)."""
@@ -509,6 +543,20 @@ class EmbedWorker(StagedWorkerLoop):
 
 class _StoppedMidPass(Exception):
     """Raised at a bulk pass's checkpoint when the worker stops; ``compute`` drops the pass (not a failure)."""
+
+
+def _with_token_states(reply: QueryReply, states) -> ErrorInfo | None:
+    """Put a text's token states (TEI's /embed_all) on its reply, or say why they cannot travel: the reply is
+    one record, at most the reply producer's ``MAX_REQUEST_BYTES``."""
+    encoded = QueryReply.encode_token_states(states)
+    size = len(encode(reply)) + len(encoded) + 64  # the two new keys and their punctuation
+    if size > MAX_REQUEST_BYTES:
+        tokens, width = states.shape
+        return ErrorInfo(code="reply_too_large", message=(
+            f"{tokens} tokens x {width} floats make a {size:,}-byte reply, over the {MAX_REQUEST_BYTES:,}-byte "
+            "reply record: send a shorter input (or truncate it)"))
+    reply.token_embeddings, reply.token_dims = encoded, int(states.shape[1])
+    return None
 
 
 def _yield_points(engine: Engine) -> int:

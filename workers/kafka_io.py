@@ -10,11 +10,13 @@ import socket
 
 from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
+from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT
 from embedstream.workers.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
@@ -24,18 +26,18 @@ MAX_REQUEST_BYTES = 1024 * 1024  # the reply and dead-letter producer's largest 
 
 
 def new_producer(kafka: KafkaSettings) -> Producer:
-    """The producer of replies and dead letters (librdkafka): every send acknowledged by all in-sync replicas.
+    """The producer of replies and dead letters (librdkafka; ``KafkaSettings.producer_config``: acks=all, idempotent).
 
     librdkafka, not kafka-python: the reply is the last hop of an online request, and kafka-python's
     sender is a Python thread that waits for the GIL behind the model stage; a loopback echo answered
     in 2.1 ms p50 served by librdkafka against 4.2 ms by kafka-python (``embedstream bench transport``).
-    Not idempotent: replies and dead letters need no ordering or exactly-once (a duplicate is harmless),
-    and an idempotent producer turns one refused record into a fatal state for all later ones.
+    Idempotent: a record the broker refuses (a reply over its topic's size limit) fails alone, later sends
+    go on (librdkafka bumps the producer epoch; kafka-python's idempotent producer would fail them all).
     A record not acknowledged within ``message.timeout.ms`` (120 s, kafka-python's delivery timeout)
     fails: a reply becomes a ``reply_failed`` dead letter, and its offset is not committed until then.
     Delivery reports run on the thread that polls or flushes it (the outbox's ``settle``)."""
-    return Producer(kafka.librdkafka_config(**{
-        "client.id": "embedstream-worker-outbox", "acks": "all", "linger.ms": 0, "enable.idempotence": False,
+    return Producer(kafka.producer_config(**{
+        "client.id": "embedstream-worker-outbox", "linger.ms": 0,
         "message.timeout.ms": 120_000, "message.max.bytes": MAX_REQUEST_BYTES}))
 
 
@@ -61,8 +63,64 @@ def new_consumer(kafka: KafkaSettings, group: str, client_id: str, max_poll_reco
         # Static membership (KIP-345, kafka-python >= 2.1): a restarted member takes its partitions back
         # without a rebalance. One id per process serves all its lanes: each lane is another group.
         **({"group_instance_id": kafka.instance_id()} if kafka.instance_id() else {}),
+        **kafka_python_rebalancing(kafka),
         **extra,
     )
+
+
+def kafka_python_rebalancing(kafka: KafkaSettings) -> dict:
+    """kafka-python's assignors for ``kafka.group_protocol``: eager (its default range and round-robin), else
+    cooperative-sticky (kafka-python 3.0.12 has no KIP-848 client: ``consumer`` falls back to it)."""
+    if kafka.group_protocol == "eager":
+        return {}
+    return {"partition_assignment_strategy": (CooperativeStickyAssignor,)}
+
+
+def librdkafka_rebalancing(kafka: KafkaSettings) -> dict:
+    """librdkafka's group settings for ``kafka.group_protocol``. The consumer protocol (KIP-848) takes its
+    session timeout from the broker (the group's ``consumer.session.timeout.ms``: ``set_group_session_timeout``)."""
+    if kafka.group_protocol == "consumer":
+        return {"group.protocol": "consumer"}
+    config: dict = {"partition.assignment.strategy": "cooperative-sticky" if kafka.group_protocol == "cooperative-sticky"
+                    else "range,roundrobin"}
+    if kafka.session_timeout_ms:
+        config["session.timeout.ms"] = kafka.session_timeout_ms
+    return config
+
+
+def with_served_group_protocol(kafka: KafkaSettings, apis: frozenset[int]) -> KafkaSettings:
+    """The settings with a group protocol the broker serves: ``consumer`` (KIP-848) needs a broker that lists
+    ConsumerGroupHeartbeat (Kafka 4 with the protocol enabled); on another one (Kafka 3, or the protocol turned
+    off) the lanes use ``cooperative-sticky``, said once, instead of failing to join."""
+    if kafka.group_protocol != "consumer" or CONSUMER_GROUP_HEARTBEAT in apis:
+        return kafka
+    log.warning("the broker does not serve the consumer group protocol (KIP-848): lanes use cooperative-sticky",
+                bootstrap=kafka.bootstrap_servers)
+    return kafka.model_copy(update={"group_protocol": "cooperative-sticky"})
+
+
+def incremental(kafka: KafkaSettings) -> bool:
+    """Whether a rebalance hands over only what moves (a member keeps the rest and goes on consuming it)."""
+    return kafka.group_protocol != "eager"
+
+
+def set_group_session_timeout(kafka: KafkaSettings, group: str) -> None:
+    """Consumer protocol: ``session_timeout_ms`` as the group's ``consumer.session.timeout.ms`` (the broker
+    holds it). A broker that refuses (outside its min/max, no ALTER_CONFIGS right) keeps its default: said once."""
+    if kafka.group_protocol != "consumer" or not kafka.session_timeout_ms:
+        return
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient(kafka.librdkafka_config(**{"client.id": "embedstream-group-config"}))
+    entry = ConfigEntry("consumer.session.timeout.ms", str(kafka.session_timeout_ms),
+                        incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    try:
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout=15)
+    except Exception as exc:  # noqa: BLE001 - the broker's default session timeout applies
+        log.warning("group session timeout not set; the broker's default applies", group=group,
+                    session_timeout_ms=kafka.session_timeout_ms, error=str(exc)[:300])
 
 
 def broker_reachable(consumer) -> bool:
@@ -91,13 +149,16 @@ def broker_listening(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
-def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **context) -> None:
+def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, revoked: frozenset = frozenset(),
+                    **context) -> None:
     """Commit the offsets of finished work on the partitions the consumer still owns.
 
     The caller has let dead letters and replies be acknowledged first (their records count as
     finished only then). ``wait=False`` is for rebalance listeners: kafka-python 3 runs them on its
     IO thread, which refuses blocking calls, and an async commit still reaches the coordinator
-    before the re-join. A failed synchronous commit keeps its offsets for the next call.
+    before the re-join. A failed synchronous commit keeps its offsets for the next call. ``revoked``: partitions
+    being handed over, whose finished work is committed too (a cooperative rebalance in kafka-python 3.0.12 has
+    already taken them out of the assignment when it calls the listener).
     """
     offsets = tracker.drain()
     assigned = consumer.assignment()
@@ -106,7 +167,7 @@ def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, **co
         past = None if tracker.in_flight(key) else tracker.past_skipped(key, consumer.position(tp, timeout_ms=0))
         if past is not None:
             offsets[key] = past
-    owned = {(tp.topic, tp.partition) for tp in assigned}
+    owned = {(tp.topic, tp.partition) for tp in assigned} | set(revoked)
     commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items() if (t, p) in owned}
     if not commit:
         return

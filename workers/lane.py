@@ -22,8 +22,9 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.producers.topics import all_topics, ensure_topics
+from embedstream.producers.topics import ensure_topics, is_project_topic
 from embedstream.schemas import ErrorInfo
+from embedstream.vectorstore.faults import store_fault
 from embedstream.workers.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
                                           group_joined, missing_topics, new_consumer, subscribe)
 from embedstream.workers.offsets import OffsetTracker
@@ -146,7 +147,7 @@ class Lane:
         """Create the project's missing topics where the broker allows it, subscribe to the lane's topics that exist.
 
         Checked every second while a topic is missing, never once all exist. The project's own topics
-        (``producers.topics.all_topics``) are created with its partition defaults unless
+        (``producers.topics.is_project_topic``) are created with its partition defaults unless
         ``kafka.create_topics`` is off or the broker refuses (an ACL, a policy: said once, then waited
         for); a foreign topic (a Debezium source) is only waited for. Subscribing to the existing ones
         first and re-subscribing as others appear, rather than waiting for all: an online lane whose
@@ -161,7 +162,7 @@ class Lane:
             return
         self._next_topic_check = now + 1.0
         missing = missing_topics(self.kafka, self.topics)
-        creatable = [topic for topic in missing if topic in all_topics(self.kafka)] if self._may_create else []
+        creatable = [topic for topic in missing if is_project_topic(self.kafka, topic)] if self._may_create else []
         if creatable:
             try:
                 ensure_topics(self.kafka, topics=creatable)
@@ -251,11 +252,16 @@ class Lane:
     def reply(self, record, request, reply, handle: list, metrics_lane: str | None = None) -> None:
         self.outbox.reply(record, request, reply, handle, metrics_lane or self.name)
 
+    def forward(self, record, topic: str, request, handle: list) -> None:
+        """Hand the request on to the workers that answer it on ``topic``."""
+        self.outbox.forward(record, topic, request, handle, self.name)
+
     # -- offsets and ownership ------------------------------------------------------------------
-    def commit(self, wait: bool = True) -> None:
-        """Commit every finished contiguous run; dead letters and replies are acknowledged first."""
+    def commit(self, wait: bool = True, revoked: frozenset = frozenset()) -> None:
+        """Commit every finished contiguous run (``revoked``: of those partitions too, being handed over); dead
+        letters and replies are acknowledged first."""
         self.outbox.settle(self.flush_timeout_s)
-        commit_finished(self.consumer, self.offsets, wait=wait, lane=self.name)
+        commit_finished(self.consumer, self.offsets, wait=wait, revoked=revoked, lane=self.name)
 
     def drop(self, partitions: set[tuple[str, int]]) -> None:
         """Forget queued work and offsets of partitions this worker no longer owns.
@@ -318,7 +324,7 @@ class _Rebalance(ConsumerRebalanceListener):
         if self.lane.on_revoke is not None:
             self.lane.on_revoke(partitions)
         # kafka-python 3 calls this on the consumer's IO thread, which refuses blocking calls: commit async
-        self.lane.commit(wait=False)
+        self.lane.commit(wait=False, revoked=frozenset(partitions))
         self.lane.drop(partitions)
 
     def on_partitions_assigned(self, assigned):
@@ -334,21 +340,20 @@ TRANSIENT, PERMANENT, UNKNOWN = "transient", "permanent", "unknown"
 def failure_kind(exc: BaseException) -> str:
     """Classify a failed write (sink upsert/delete, publish) for the records in it.
 
-    transient: the target is away or busy (connection refused, timeouts, 5xx/429, a retriable
-    Kafka error): back off and keep the offset, however long it takes. permanent: the target
-    rejected what was sent (invalid collection name, vector config mismatch, a 4xx, a
-    non-retriable Kafka error such as a record too large): dead-letter the record with the
-    reason. unknown: retried like a transient error, but only up to ``record_retry_limit_s``.
+    transient: the target is away or busy (a broker or a Qdrant node down, a cluster fault, timeouts,
+    5xx/429, a retriable Kafka error): back off and keep the offset, however long it takes. permanent:
+    the target rejected what was sent (invalid collection name, vector config mismatch, a 4xx, a
+    non-retriable Kafka error such as a record too large): dead-letter the record with the reason.
+    unknown: retried like a transient error, but only up to ``record_retry_limit_s``. What a store
+    client's errors mean is the store's knowledge (``vectorstore.faults.store_fault``).
     """
     seen = 0
     while exc is not None and seen < 5:  # wrappers (PublishError) carry the client's error as the cause
         if isinstance(exc, KafkaError):
             return TRANSIENT if exc.retriable else PERMANENT
-        status = getattr(exc, "status_code", None)  # qdrant-client's UnexpectedResponse, httpx
-        if isinstance(status, int):
-            return TRANSIENT if status >= 500 or status in (408, 429) else PERMANENT
-        if type(exc).__name__ in ("ResponseHandlingException", "StoreLockedError", "TransportError"):
-            return TRANSIENT
+        kind = store_fault(exc)
+        if kind is not None:
+            return kind
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return TRANSIENT
         if isinstance(exc, (ValueError, TypeError, KeyError)):

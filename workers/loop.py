@@ -21,6 +21,7 @@ from embedstream import logs
 from embedstream.config import KafkaSettings, WorkerSettings
 from embedstream.kafka_auth import check_kafka_access
 from embedstream.schemas import ErrorInfo
+from embedstream.workers.kafka_io import with_served_group_protocol
 from embedstream.workers.lane import PERMANENT, TRANSIENT, Lane, failure_kind
 from embedstream.workers.outbox import Outbox
 
@@ -40,7 +41,6 @@ class WorkerLoop:
     name = "worker"
 
     def __init__(self, kafka: KafkaSettings, tuning: WorkerSettings, metrics, worker_id: str):
-        self.kafka = kafka
         self.tuning = tuning
         self.metrics = metrics
         self.worker_id = worker_id
@@ -49,7 +49,8 @@ class WorkerLoop:
         self.failure: BaseException | None = None  # why the loop ended, when it did not end by stop()
         # Fail fast, naming why (KafkaAccessError): kafka-python alone retries a refused login for 30 s,
         # then reports a bootstrap timeout, and a consumer denied a topic polls nothing, silently.
-        check_kafka_access(kafka, tuning.access_check_timeout_s, topics=[kafka.topic_dead_letters])
+        apis = check_kafka_access(kafka, tuning.access_check_timeout_s, topics=[kafka.topic_dead_letters])
+        self.kafka = with_served_group_protocol(kafka, apis)  # the lanes' settings: what this broker serves
         self.outbox = Outbox(kafka, worker_id, metrics)
         self.lanes: dict[str, Lane] = {}
         self.last_step = self.last_progress = time.monotonic()  # /healthz: liveness is progress

@@ -1,7 +1,7 @@
 """Prometheus metrics of a worker: every stage timed apart, lanes and models labelled.
 
 Names follow text-embeddings-inference's spirit (queue, tokenization, inference, batch size and
-tokens) under the ``embedstream_`` prefix; the README lists them all. Each worker owns a registry
+tokens) under the ``embedstream_`` prefix; docs/operations/metrics.md lists them all. Each worker owns a registry
 so several workers can live in one process (tests, all-in-one deployments).
 """
 
@@ -48,9 +48,18 @@ class WorkerMetrics:
         self.stage_blocked = Counter("embedstream_stage_blocked_seconds_total",
                                      "Seconds a worker stage waited for room in the next stage's bounded queue",
                                      ["stage"], registry=r)
-        self.chunks_unchanged = Counter("embedstream_chunks_unchanged_total",
-                                        "Chunks not embedded again: their point already holds the same content hash, "
-                                        "model and metadata", ["lane"], registry=r)
+        # Incremental re-embedding (workers/unchanged.py): what the store already held spared these.
+        self.forward_passes_avoided = Counter(
+            "embedstream_forward_passes_avoided_total", "Chunks finished or written without a forward pass, by reason: "
+            "unchanged (their point holds the same text, model and metadata), metadata (their payload alone was "
+            "rewritten), moved (another point of the document lent its vectors)", ["lane", "reason"], registry=r)
+        self.payload_updates = Counter("embedstream_payload_updates_total",
+                                       "Points whose payload alone was rewritten (metadata-only changes)", ["lane"],
+                                       registry=r)
+        self.change_chunks_embedded = Histogram(
+            "embedstream_change_chunks_embedded", "Chunks of one document sent through the model per change "
+            "(the document's chunk events in one batch)", ["lane"],
+            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128), registry=r)
 
         # Admission control (workers/admission.py): the window, predicted vs observed pass, queue age, shed requests.
         self.window_ms = Gauge("embedstream_batching_window_ms", "Batching window the lane's controller allows now",

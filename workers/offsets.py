@@ -50,6 +50,10 @@ class OffsetTracker:
         """Some record of ``tp`` was handed out and not yet drained."""
         return bool(self._pending.get(tp))
 
+    def window(self) -> int:
+        """Records handed out and not yet drained, over all partitions: what a failure now could deliver again."""
+        return sum(len(queue) for queue in list(self._pending.values()))
+
     def past_skipped(self, tp: tuple[str, int], position: int | None) -> int | None:
         """The consumer's ``position`` as the offset to commit, when it is past everything this tracker gave
         out for ``tp`` and nothing of the partition is in flight: the offsets between were never delivered

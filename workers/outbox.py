@@ -1,4 +1,4 @@
-"""What a worker sends besides its results: dead letters and request replies, through one producer.
+"""What a worker sends besides its results: dead letters, request replies and requests handed on, through one producer.
 
 A record whose outcome is a dead letter or a reply counts as finished only once the broker
 acknowledged it; until then its offset is not committed. A reply that cannot be delivered (a bad
@@ -90,6 +90,24 @@ class Outbox:
         except (KafkaException, ValueError, TypeError) as exc:  # value too large, bad topic name: the record's fault
             self._refused(record, request, f"{type(exc).__name__}: {exc}", handle, lane)
 
+    def forward(self, record, topic: str, request, handle: list, lane: str) -> None:
+        """Hand a request on to the workers that answer it (their topic, keyed by its correlation id); finished
+        once acked. One the broker refuses is dead-lettered (``forward_failed``) at the next ``settle``."""
+        def failed(reason: str) -> None:
+            self._undeliverable(record, ErrorInfo(code="forward_failed", message=(
+                f"handing the request on to {topic[:300]!r} failed: {reason[:300]}")), handle, lane)
+
+        def delivered(error, _message) -> None:
+            if error is None:
+                OffsetTracker.done(handle)
+            else:
+                failed(error.str())
+
+        try:
+            self._produce(topic, request.request_id.encode(), encode(request), delivered)
+        except KafkaException as exc:
+            failed(exc.args[0].str())
+
     def _produce(self, topic: str, key: bytes | None, value: bytes, on_delivery) -> None:
         """Queue a record; while librdkafka's local queue is full, serve delivery reports until it has room."""
         while True:
@@ -103,6 +121,9 @@ class Outbox:
     def _refused(self, record, request, reason_text: str, handle: list, lane: str) -> None:
         reason = ErrorInfo(code="reply_failed", message=f"the reply to {request.reply_to[:300]!r} could not be "
                                                         f"delivered: {reason_text[:300]}")
+        self._undeliverable(record, reason, handle, lane)
+
+    def _undeliverable(self, record, reason: ErrorInfo, handle: list, lane: str) -> None:
         with self._lock:  # reports run on whichever thread polls: dead-letter from the settling thread
             self._undelivered.append((record, reason, handle, lane))
 

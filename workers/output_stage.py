@@ -1,9 +1,11 @@
 """The embed worker's output stage: computed batches are written to the sink in log order, then finished.
 
 Its bounded queue is the model stage's one hand-off: a slow sink fills it and holds back writes, never
-replies (a batch that writes nothing is never queued, ``write_jobs``). Deletes apply between runs of
-upserts exactly in log order; a write is retried by failure kind (``WorkerLoop.write_with_retry``); a
-record is finished only after its write, or dead-lettered when the sink refuses it for good.
+replies (a batch that writes nothing is never queued, ``write_jobs``). Runs of upserts, runs of payload
+rewrites and deletes apply exactly in log order, so a payload write never lands over a later text change of
+its point, nor an upsert over a later payload write; a write is retried by failure kind
+(``WorkerLoop.write_with_retry``); a record is finished only after its write, or dead-lettered when the
+sink refuses it for good.
 ``docs_in_flight`` (documents handed on, not yet written) lets the unchanged-chunk lookup wait for a
 redelivery's first write; ``writing`` lets a revocation wait for the write of its partitions.
 """
@@ -14,13 +16,13 @@ import queue
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from embedstream.schemas import DocumentDelete, ErrorInfo
 from embedstream.workers.loop import ABANDONED
 from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.policy import BULK
-from embedstream.workers.sink import EmbeddedChunk
+from embedstream.workers.sink import EmbeddedChunk, Reuse, ReusedChunk
 
 OUTPUT_QUEUE_BATCHES = 2  # computed batches waiting (more only hold vectors in memory while the sink is slow)
 REVOKE_WAIT_S = 2.0  # a revocation waits this long for an in-flight write of those partitions to finish
@@ -29,10 +31,12 @@ _WAIT_S = 0.05  # longest the stage waits for a batch before it looks at stop an
 
 @dataclass
 class WriteJob:
-    """A computed batch on its way to the output stage: every item, in log order, and the chunks' vectors."""
+    """A computed batch on its way to the output stage: every item, in log order, the chunks' vectors, and
+    what the store holds for the chunks written without a forward pass."""
 
     items: list  # WorkItem
     vectors: dict[int, object]  # id(item) -> vector, for the chunks that were embedded
+    reused: dict[int, Reuse] = field(default_factory=dict)  # id(item) -> a payload to rewrite, or vectors lent
 
     @property
     def doc_keys(self) -> list[tuple]:
@@ -40,11 +44,11 @@ class WriteJob:
         return [key for key in (item.doc_key for item in self.items) if key is not None]
 
 
-def write_jobs(batch: list, vectors: dict[int, object]) -> list[WriteJob]:
+def write_jobs(batch: list, vectors: dict[int, object], reused: dict[int, Reuse] | None = None) -> list[WriteJob]:
     """What of a computed batch goes to the output stage: nothing when it writes nothing (queries answered,
     chunks found unchanged), so reply-only work never waits for room there."""
-    writes = vectors or any(isinstance(item.event, DocumentDelete) for item in batch)
-    return [WriteJob(batch, vectors)] if writes else []
+    writes = vectors or reused or any(isinstance(item.event, DocumentDelete) for item in batch)
+    return [WriteJob(batch, vectors, reused or {})] if writes else []
 
 
 class OutputStage:
@@ -102,21 +106,54 @@ class OutputStage:
         self.worker.progressed()
 
     def write(self, job: WriteJob) -> None:
-        """Upsert runs of embedded chunks and apply deletes between them, exactly in log order."""
+        """Apply the job's writes exactly in log order: runs of upserts (embedded chunks, lent vectors), runs
+        of payload rewrites, and deletes between them."""
         run: list[WorkItem] = []
+        kind: str | None = None
         for item in job.items:
             if OffsetTracker.revoked(item.handle):
                 continue  # its partition moved: the new owner writes it
-            if isinstance(item.event, DocumentDelete):
-                if run:
-                    self._upsert(run, job.vectors)
-                    run = []
-                reason = self._sink_write(lambda event=item.event: self.worker.sink.delete(event), "sink delete", [item])
-                self._settle(item, reason)
-            elif id(item) in job.vectors:
-                run.append(item)
+            this = _write_kind(item, job)
+            if this is None:
+                continue
+            if run and (this != kind or this == "delete"):
+                self._write_run(kind, run, job)
+                run = []
+            kind = this
+            run.append(item)
         if run:
-            self._upsert(run, job.vectors)
+            self._write_run(kind, run, job)
+
+    def _write_run(self, kind: str, run: list[WorkItem], job: WriteJob, limit_s: float | None = None) -> None:
+        """One sink write for the run; when the sink rejects it, each item alone finds the ones at fault."""
+        sink = self.worker.sink
+        if kind == "delete":
+            (item,) = run
+            self._settle(item, self._sink_write(lambda: sink.delete(item.event), "sink delete", run))
+            return
+        source = [{"topic": i.topic, "partition": i.partition, "offset": i.offset} for i in run]
+        if kind == "payload":
+            entries = [ReusedChunk(i.event, job.reused[id(i)], s) for i, s in zip(run, source)]
+            write, what = (lambda: sink.write_payloads(entries)), "sink payload write"
+        else:
+            entries = [EmbeddedChunk(i.event, job.vectors[id(i)], s) if id(i) in job.vectors
+                       else ReusedChunk(i.event, job.reused[id(i)], s) for i, s in zip(run, source)]
+            write, what = (lambda: sink.upsert(entries)), "sink upsert"
+        started = time.perf_counter()
+        reason = self._sink_write(write, what, run, limit_s)
+        if reason is not None and reason is not ABANDONED and len(run) > 1:
+            for item in run:  # the failure already outlasted its bound: singles are not waited for again
+                self._write_run(kind, [item], job, limit_s=0.0)
+            return
+        self.worker.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - started) * 1000)
+        for item in run:
+            self._settle(item, reason)
+        if reason is None:
+            embedded = sum(1 for i in run if id(i) in job.vectors)
+            if embedded:
+                self.worker.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(embedded)
+            if kind == "payload":
+                self.worker.metrics.payload_updates.labels(lane=run[0].lane).inc(len(run))
 
     def _sink_write(self, write, what: str, items: list[WorkItem], limit_s: float | None = None) -> ErrorInfo | None:
         """One sink write, retried by failure kind; a revocation of the partitions waits for it (``writing``)."""
@@ -137,22 +174,6 @@ class OutputStage:
         with self.writes:
             self.writes.wait_for(lambda: not (self.writing & partitions), REVOKE_WAIT_S)
 
-    def _upsert(self, run: list[WorkItem], vectors: dict[int, object], limit_s: float | None = None) -> None:
-        """One upsert for the run; when the sink rejects it, each chunk alone finds the ones at fault."""
-        embedded = [EmbeddedChunk(i.event, vectors[id(i)], {"topic": i.topic, "partition": i.partition,
-                                                            "offset": i.offset}) for i in run]
-        upsert_start = time.perf_counter()
-        reason = self._sink_write(lambda: self.worker.sink.upsert(embedded), "sink upsert", run, limit_s)
-        if reason is not None and reason is not ABANDONED and len(run) > 1:
-            for item in run:  # the failure already outlasted its bound: singles are not waited for again
-                self._upsert([item], vectors, limit_s=0.0)
-            return
-        self.worker.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - upsert_start) * 1000)
-        for item in run:
-            self._settle(item, reason)
-        if reason is None:
-            self.worker.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(len(run))
-
     def _settle(self, item: WorkItem, reason: ErrorInfo | None) -> None:
         """Written: finished. Refused by the sink for good: dead-lettered with the reason. Revoked: nothing
         (the partition's new owner has the record again)."""
@@ -162,3 +183,16 @@ class OutputStage:
             OffsetTracker.done(item.handle)
         else:
             self.worker.lanes[item.lane].dead_letter(item.record, reason, item.handle)
+
+
+def _write_kind(item, job: WriteJob) -> str | None:
+    """How an item is written: ``delete``, ``upsert`` (embedded, or vectors lent), ``payload``, or None
+    (nothing to write: a query, or a chunk whose point already holds it)."""
+    if isinstance(item.event, DocumentDelete):
+        return "delete"
+    if id(item) in job.vectors:
+        return "upsert"
+    reuse = job.reused.get(id(item))
+    if reuse is None:
+        return None
+    return "payload" if reuse.kind == "payload" else "upsert"

@@ -20,7 +20,7 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.workers.kafka_io import broker_listening
+from embedstream.workers.kafka_io import broker_listening, incremental, librdkafka_rebalancing, set_group_session_timeout
 
 log = logs.get("embedstream.worker")
 
@@ -56,12 +56,13 @@ class RdConsumer:
             "max.partition.fetch.bytes": max(1 << 20, 2 * kafka.max_record_bytes),
             "topic.metadata.refresh.interval.ms": 10_000,  # new or grown topics noticed soon
             "error_cb": self._on_error, "on_commit": self._on_commit,
+            **librdkafka_rebalancing(kafka),
         })
-        if kafka.session_timeout_ms:
-            config["session.timeout.ms"] = kafka.session_timeout_ms
         if kafka.instance_id():
             config["group.instance.id"] = kafka.instance_id()
+        set_group_session_timeout(kafka, group)
         self._consumer = Consumer(config)
+        self._incremental = incremental(kafka)  # cooperative or consumer protocol: callbacks carry what moves
         self.bootstrap_servers = kafka.bootstrap_servers
         self.max_poll_records = max_poll_records
         self._assigned: set[TopicPartition] = set()
@@ -101,24 +102,36 @@ class RdConsumer:
 
     # -- rebalances (inside poll, on the lane's thread) ------------------------------------------
     def _on_assign(self, consumer, partitions: list[RdPartition]) -> None:
+        """Eager: the whole new assignment; incremental: the partitions added (possibly none)."""
         assigned = [TopicPartition(p.topic, p.partition) for p in partitions]
         if self._listener is not None:
             self._listener.on_partitions_assigned(assigned)  # may seek: kept as the start offsets below
-        self._assigned = set(assigned)
+        self._assigned = self._assigned | set(assigned) if self._incremental else set(assigned)
         self._paused &= self._assigned
         starts = [RdPartition(tp.topic, tp.partition, self._seeks.pop(tp, OFFSET_INVALID)) for tp in assigned]
         self._seeks.clear()
-        consumer.assign(starts)
+        if self._incremental:
+            consumer.incremental_assign(starts)
+        else:
+            consumer.assign(starts)
         self.joined = True
 
     def _on_revoke(self, consumer, partitions: list[RdPartition]) -> None:
-        self.joined = False
+        """Eager: everything (the member rejoins); incremental: what moves to another member (it stays a member)."""
+        if not self._incremental:
+            self.joined = False
         revoked = [TopicPartition(p.topic, p.partition) for p in partitions]
         if self._listener is not None:
             self._listener.on_partitions_revoked(revoked)
-        consumer.unassign()
+        self._give_up(consumer, partitions)
         self._assigned -= set(revoked)
         self._paused -= set(revoked)
+
+    def _give_up(self, consumer, partitions: list[RdPartition]) -> None:
+        if self._incremental:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
 
     def _on_lost(self, consumer, partitions: list[RdPartition]) -> None:
         """Partitions taken away without a handover (session expired): no commit can count any more."""
@@ -128,7 +141,7 @@ class RdConsumer:
         self._paused -= lost
         if self._listener is not None:
             self._listener.on_partitions_lost(list(lost))
-        consumer.unassign()
+        self._give_up(consumer, partitions)
 
     # -- positions and flow ---------------------------------------------------------------------
     def assignment(self) -> set[TopicPartition]:

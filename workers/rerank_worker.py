@@ -1,7 +1,9 @@
 """The rerank worker's Kafka loop: rerank and search requests -> one packed cross-encoder pass -> replies.
 
 Consumes ``topic_rerank`` (RerankRequest: candidates given) and ``topic_search`` (SearchRequest:
-embed, retrieve from Qdrant, then rerank) with the ``group_rerank`` consumer group.
+embed, retrieve from Qdrant, then rerank) with the ``group_rerank`` consumer group. Searches reach
+``topic_search`` from the owner of their collection (``workers/vector_search.py``), which hands on those
+asking for a rerank while this group has members, with their collection named.
 
 * The pairs of every queued request (up to ``max_pairs_per_pass``) go through **one** ``Engine.score``
   call (packed, padding-free passes); scores are split back per request, sorted and cut to ``top_n``.
@@ -186,7 +188,8 @@ class RerankWorker(WorkerLoop):
         for pos in ready:
             item = live[pos]
             if isinstance(item.request, RerankRequest):
-                pairs += [ScoreRequest((pos, i), item.request.query, c.text) for i, c in enumerate(item.candidates)]
+                pairs += [ScoreRequest((pos, i), item.request.query, c.text, item.request.max_tokens_per_doc)
+                          for i, c in enumerate(item.candidates)]
             elif item.request.rerank:
                 pairs += Searcher.score_requests(item.request, retrieved[pos], key=pos)
         # At the pass's door, the last look (retrieval and a busy host take time): what would miss its deadline is

@@ -68,7 +68,8 @@ def build_rerank_worker(settings: Settings, model: str, embed_model: str | None 
             embedder: Any = kafka_embedder(QueryClient(settings.kafka), embed_model)
         else:
             embedder = Engine.from_name(embed_model or settings.default_model, settings)
-        searcher = Searcher(store, embedder, engine, settings.qdrant.collection)
+        searcher = Searcher(store, embedder, engine, settings.qdrant.collection,
+                            dense_scale=settings.sparse.dense_scale)
     options = options or RerankOptions.from_settings(settings)
     return RerankWorker(settings, engine, options, WorkerMetrics(model=engine.spec.name), searcher,
                         owns_store=searcher is not None)

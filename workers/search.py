@@ -13,9 +13,15 @@ Search plan per collection, read from its named vectors:
   rescored here on the dequantised full vectors against the float query (exact up to int8 error).
 
 Hybrid mode (``SearchRequest.mode="hybrid"``): the query's sparse vector (the deployment's sparse
-encoder, the same kind the sink writes) is searched beside the dense one, each with its own limit,
-and the store fuses the two lists in one Query API call (RRF by default, DBSF on request); the
-fused ``top_k`` go on to the reranker like dense hits. The collection must hold the sparse vector.
+encoder, the same kind the sink writes) is searched beside the dense one, each with its own limit.
+The dense candidates come from the plan above (Matryoshka / uint8 candidates rescored on the full
+vector), exactly as a dense search's; the two lists are fused here (:func:`embedstream.ranking.fuse`,
+the request's ``fusion``), not by the store, so ties fall the same way in every process and on every
+store. The fused ``top_k`` go on to the reranker like dense hits. The collection must hold the sparse vector.
+
+Order: every list (dense hits, rescored candidates, fused hits, reranked hits) follows the one rule of
+:mod:`embedstream.ranking`: the score compared at 6 decimal places, then (fused) the better single-list
+rank, then the point id; reranked hits by rerank score at 6 places, then their retrieval order.
 
 Every stage is timed (embed, sparse, search, rerank, total) and comes back in the reply.
 """
@@ -33,6 +39,7 @@ from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreR
 from embedstream.engine.errors import EngineError
 from embedstream.engine.sparse import SparseEncoder
 from embedstream.errors import CodedError
+from embedstream.ranking import DENSE_LOGIT_SCALE, Candidates, fuse, fusion_named, ordered, score_key
 from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
@@ -157,14 +164,18 @@ class Retrieved:
 #: uint8 candidates per result before rescoring on the dequantised vectors: `bench quality` finds
 #: recall@10 0.92 at x4 and >= 0.98 from x12 on (the +128 shift blurs the store's cosine).
 UINT8_OVERSAMPLING = 12
+#: candidates fetched beyond a limit, so the ranking rule (not the store) decides a tie at the cut
+TIE_MARGIN = 4
 
 
 class Searcher:
     """Query -> vector -> Qdrant -> (optionally) cross-encoder, with per-stage timings."""
 
     def __init__(self, store: VectorStore, embedder: Engine | Embedder, reranker: Engine | None = None,
-                 default_collection: str = "docs", rescore_factor: int = 4, sparse: SparseEncoder | None = None):
+                 default_collection: str = "docs", rescore_factor: int = 4, sparse: SparseEncoder | None = None,
+                 dense_scale: float = float(DENSE_LOGIT_SCALE)):
         self.store = store
+        self.dense_scale = dense_scale  # the logit fusion's weight of the dense cosine (EMBEDSTREAM_SPARSE__DENSE_SCALE)
         # hybrid queries' sparse vectors: the given encoder, else an in-process embed engine's own
         self.sparse = sparse if sparse is not None else getattr(embedder, "sparse", None)
         self.embedder: Embedder = engine_embedder(embedder) if isinstance(embedder, Engine) else embedder
@@ -253,15 +264,47 @@ class Searcher:
                     raise SearchError(err.code, err.message) from None
             encoded = time.perf_counter()
             timings["sparse"] = (encoded - embedded) * 1000
-            hits = self.store.fused_search(collection, [
-                Prefetch(FULL, query_form(query, plan.full.datatype), request.dense_limit or request.top_k),
-                Prefetch(plan.sparse_name, sparse, request.sparse_limit or request.top_k),  # type: ignore[arg-type]
-            ], request.top_k, request.fusion, dict(request.filters) or None)
+            hits, scores = self._hybrid(collection, plan, query, sparse, request)
             timings["search"] = (time.perf_counter() - encoded) * 1000
-            return Retrieved(collection, hits, [h.score for h in hits], timings)
+            return Retrieved(collection, hits, scores, timings)
         hits, scores = self._search(collection, plan, query, request.top_k, dict(request.filters) or None)
         timings["search"] = (time.perf_counter() - embedded) * 1000
         return Retrieved(collection, hits, scores, timings)
+
+    def _hybrid(self, collection: str, plan: SearchPlan, query: np.ndarray, sparse: SparseVector,
+                request: SearchRequest) -> tuple[list[Hit], list[float]]:
+        """The request's fusion of the dense and sparse candidates."""
+        fusion = fusion_named(request.fusion, self.dense_scale)
+        dense, sparse_list, found = self.hybrid_candidates(collection, query, sparse, request,
+                                                           exact=fusion.method == "logit")
+        fused = fuse([dense, sparse_list], fusion, request.top_k)
+        hits = [Hit(f.id, f.score, found[f.id].payload, "fusion") for f in fused]
+        return hits, [f.score for f in fused]
+
+    def hybrid_candidates(self, collection: str, query: np.ndarray, sparse: SparseVector, request: SearchRequest,
+                          exact: bool = True) -> tuple[Candidates, Candidates, dict[str, Hit]]:
+        """The two lists a hybrid search fuses (``bench quality --hybrid`` fuses them with every fusion): the dense
+        candidates (the plan's search, rescored) and the sparse ones, in the rule's order, and every candidate's
+        hit. With ``exact``, a sparse-only candidate gets its exact dense score too (its stored vector against
+        the query, one round trip)."""
+        plan = self.plan(collection)
+        filters = dict(request.filters) or None
+        dense_limit, sparse_limit = request.dense_limit or request.top_k, request.sparse_limit or request.top_k
+        dense_hits, dense_scores = self._search(collection, plan, query, dense_limit, filters)
+        sparse_hits = self._ordered_search(collection, plan.sparse_name, sparse, sparse_limit, filters)  # type: ignore[arg-type]
+        in_dense = {h.id for h in dense_hits}
+        sparse_only = [h.id for h in sparse_hits if h.id not in in_dense]
+        extra = self._exact_scores(collection, plan, sparse_only, query) if exact else {}
+        return (Candidates([(h.id, s) for h, s in zip(dense_hits, dense_scores)], dense_limit, extra),
+                Candidates([(h.id, h.score) for h in sparse_hits], sparse_limit),
+                {hit.id: hit for hit in (*sparse_hits, *dense_hits)})
+
+    def _ordered_search(self, collection: str, vector_name: str, vector: Any, limit: int, filters: dict | None,
+                        prefetch: list[Prefetch] | None = None) -> list[Hit]:
+        """The store's ``limit`` best in the rule's order. A few more are fetched than kept, so a tie at the
+        cut is decided by the rule (point id), not by which of the tied points the store returned."""
+        hits = self.store.search(collection, vector_name, vector, limit + TIE_MARGIN, filter=filters, prefetch=prefetch)
+        return ordered(hits)[:limit]
 
     def _search(self, collection: str, plan: SearchPlan, query: np.ndarray, top_k: int,
                 filters: dict | None) -> tuple[list[Hit], list[float]]:
@@ -271,31 +314,27 @@ class Searcher:
             small = query_form(matryoshka_cut(query, plan.prefetch_size), plan.full.datatype)  # same datatype as full
             prefetch = [Prefetch(plan.prefetch_name, small, wide)]
         limit = wide if plan.uint8 else top_k
-        hits = self.store.search(collection, FULL, query_form(query, plan.full.datatype), limit, filter=filters,
-                                 prefetch=prefetch)
+        hits = self._ordered_search(collection, FULL, query_form(query, plan.full.datatype), limit, filters, prefetch)
         if plan.uint8 and hits:
-            return self._rescore_uint8(collection, hits, query, top_k)
+            return self._rescore_uint8(collection, plan, hits, query, top_k)
         return hits, [h.score for h in hits]
 
-    def _rescore_uint8(self, collection: str, hits: list[Hit], query: np.ndarray,
+    def _rescore_uint8(self, collection: str, plan: SearchPlan, hits: list[Hit], query: np.ndarray,
                        top_k: int) -> tuple[list[Hit], list[float]]:
-        """Exact rescoring of uint8 candidates on their dequantised full vectors."""
-        doc_ids = sorted({str(h.payload.get("doc_id")) for h in hits if h.payload.get("doc_id") is not None})
-        vectors: dict[str, Any] = {}
-        if doc_ids:
-            for point in self.store.scroll(collection, "doc_id", doc_ids, with_vectors=True):
-                if FULL in point.vectors:
-                    vectors[point.id] = point.vectors[FULL]
-        rescored: list[tuple[float, int]] = []
-        for i, hit in enumerate(hits):
-            stored = vectors.get(hit.id)
-            if stored is None:  # vector not retrievable: keep the store's score
-                rescored.append((hit.score, i))
-                continue
-            rescored.append((float(l2_normalize(uint8_decode(stored)) @ query), i))
-        rescored.sort(key=lambda pair: (-pair[0], pair[1]))
-        top = rescored[:top_k]
-        return [hits[i] for _, i in top], [s for s, _ in top]
+        """Exact rescoring of uint8 candidates on their dequantised full vectors (ordered by the rule)."""
+        exact = self._exact_scores(collection, plan, [h.id for h in hits], query)
+        # a vector not retrievable keeps the store's score
+        rescored = [(hit, exact.get(hit.id, hit.score)) for hit in hits]
+        top = ordered(rescored, score=lambda pair: pair[1], ident=lambda pair: pair[0].id)[:top_k]
+        return [hit for hit, _ in top], [score for _, score in top]
+
+    def _exact_scores(self, collection: str, plan: SearchPlan, ids: list[str], query: np.ndarray) -> dict[str, float]:
+        """Cosine of the float query with these points' stored full vectors (uint8 ones dequantised), one round trip."""
+        if not ids:
+            return {}
+        decode = uint8_decode if plan.uint8 else (lambda v: np.asarray(v, dtype=np.float32))
+        return {pid: float(l2_normalize(decode(vector)) @ query)
+                for pid, vector in self.store.get_vectors(collection, ids, FULL).items()}
 
     @staticmethod
     def score_requests(request: SearchRequest, retrieved: Retrieved, key: Any = None) -> list[ScoreRequest]:
@@ -312,8 +351,8 @@ class Searcher:
             result = scores.get(i) if scores is not None else None
             rscore = result.score if result is not None and result.error is None else None
             rows.append((hit, vscore, rscore, bool(result and result.truncated), i))
-        if scores is not None:  # reranked first; hits the reranker could not score follow by vector score
-            rows.sort(key=lambda r: (r[2] is None, -(r[2] if r[2] is not None else r[1]), r[4]))
+        if scores is not None:  # reranked first (rerank score at 6 places, then retrieval order); unscored follow
+            rows.sort(key=lambda r: (r[2] is None, -score_key(r[2]) if r[2] is not None else 0, r[4]))
         hits = []
         for rank, (hit, vscore, rscore, truncated, _) in enumerate(rows[: request.top_n], 1):
             payload = {k: v for k, v in hit.payload.items() if k not in _HIDDEN_PAYLOAD and not k.startswith("_")}

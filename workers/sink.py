@@ -1,7 +1,9 @@
 """The Qdrant sink: embedded chunks -> points, written idempotently, deletes applied in order.
 
 Point ids are UUIDv5 of (doc_id, chunk_id), so a redelivered or re-produced chunk overwrites
-itself instead of adding a point. Named vectors: "full" plus one "mrl_<d>" per configured
+itself instead of adding a point. A chunk can also be written without a forward pass, from what the
+store holds (:class:`Reuse`, found by :mod:`embedstream.workers.unchanged`): its payload alone, or
+another point's vectors under its id. Named vectors: "full" plus one "mrl_<d>" per configured
 Matryoshka size, and with a sparse encoder its "sparse_<kind>" vector (the one the engine's row
 carries) in the same point and the same upsert. Storage forms: float32, float16, uint8 (int8 shifted by 128, per-point scale kept
 in the payload), or float32 with Qdrant's own scalar/binary quantization (rescored at search).
@@ -11,6 +13,7 @@ Ids, names and codecs are the layout's (:mod:`embedstream.vectors`), shared with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -32,7 +35,7 @@ from embedstream.vectors import (
 from embedstream.vectorstore.base import AnySpec, Point, SparseSpec, VectorSpec, VectorStore
 from embedstream.workers.trust import content_hash
 
-__all__ = ["EmbeddedChunk", "QdrantSink", "SinkConfig", "collection_vectors", "point_id"]
+__all__ = ["EmbeddedChunk", "QdrantSink", "Reuse", "ReusedChunk", "SinkConfig", "collection_vectors", "point_id"]
 
 
 @dataclass
@@ -54,6 +57,32 @@ class EmbeddedChunk:
     source: dict = field(default_factory=dict)  # topic, partition, offset
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """What the store holds that spares a chunk its forward pass (:meth:`QdrantSink.lookup`).
+
+    ``same``: its point already holds its text, model and metadata (nothing to write). ``payload``: its
+    point holds its text and model, its metadata changed (the payload alone is rewritten). ``vectors``:
+    another point of its document holds its text and model (those vectors are written under its id).
+    ``layout``: the stored vectors' own payload keys (uint8 scales), which go with them."""
+
+    kind: Literal["same", "payload", "vectors"]
+    layout: dict = field(default_factory=dict)
+    vectors: dict | None = None
+
+
+@dataclass
+class ReusedChunk:
+    """A chunk event written without a forward pass, from what the store holds, and where it came from."""
+
+    event: ChunkEvent
+    reuse: Reuse
+    source: dict = field(default_factory=dict)
+
+
+SAME = Reuse("same")
+
+
 def collection_vectors(spec: ModelSpec, hidden: int, config: SinkConfig) -> dict[str, AnySpec]:
     """Named vectors for a model: full size plus the configured Matryoshka sizes, and the sparse vector."""
     quant = None if config.quantization == "none" else config.quantization
@@ -71,13 +100,14 @@ def collection_vectors(spec: ModelSpec, hidden: int, config: SinkConfig) -> dict
 _SINK_KEYS = frozenset({"doc_id", "chunk_id", "content_hash", "text", "model", "source"})
 
 
-def _user_metadata(payload: dict) -> dict:
+def user_metadata(payload: dict) -> dict:
+    """A payload's metadata: what is neither the sink's own keys nor the layout's."""
     return {k: v for k, v in payload.items() if k not in _SINK_KEYS and not is_layout_key(k)}
 
 
-def _stored_fingerprint(payload: dict) -> tuple:
-    """What decides whether a chunk must be embedded again: content hash, model, metadata."""
-    return payload.get("content_hash"), payload.get("model"), _user_metadata(payload)
+def layout_keys(payload: dict) -> dict:
+    """A payload's layout keys (uint8 scales): they belong to the point's vectors."""
+    return {k: v for k, v in payload.items() if is_layout_key(k)}
 
 
 class QdrantSink:
@@ -121,11 +151,27 @@ class QdrantSink:
         """Create ``name`` (a collection or an alias's target) with this model's vectors if missing."""
         return self._collection(name)
 
-    def to_points(self, items: list[EmbeddedChunk]) -> list[Point]:
-        """Points for a batch: the storage forms computed once on the stacked [N, D] matrix (the same
-        functions, row-wise, that :func:`embedstream.vectors.named_vectors` applies to one vector), each
-        point holding a row view. The store stacks the rows and makes its lists once per batch, so no
-        per-float Python list is built here: 87 -> 20 µs per point at 384 dims + one mrl size."""
+    def to_points(self, items: list[EmbeddedChunk | ReusedChunk]) -> list[Point]:
+        """Points for a batch, in its order: an embedded chunk's storage forms are computed once on the
+        stacked [N, D] matrix (the same functions, row-wise, that :func:`embedstream.vectors.named_vectors`
+        applies to one vector), each point holding a row view; a reused chunk's are the stored ones. The
+        store stacks the rows and makes its lists once per batch, so no per-float Python list is built
+        here: 87 -> 20 µs per point at 384 dims + one mrl size."""
+        embedded = iter(self._stored_forms([item for item in items if isinstance(item, EmbeddedChunk)]))
+        points = []
+        for item in items:
+            vectors, layout = next(embedded) if isinstance(item, EmbeddedChunk) else (item.reuse.vectors, item.reuse.layout)
+            points.append(Point(point_id(item.event.doc_id, item.event.chunk_id), vectors,
+                                self.payload(item.event, item.source, layout)))
+        return points
+
+    def payload(self, event: ChunkEvent, source: dict, layout: dict) -> dict:
+        """A chunk's whole payload: its metadata, its vectors' layout keys and the sink's own keys."""
+        return {**event.metadata, **layout, "doc_id": event.doc_id, "chunk_id": event.chunk_id,
+                "content_hash": content_hash(event.text), "text": event.text, "model": self.spec.name, "source": source}
+
+    def _stored_forms(self, items: list[EmbeddedChunk]) -> list[tuple[dict, dict]]:
+        """(named vectors, layout keys) per embedded chunk."""
         if not items:
             return []
         full = np.stack([item.vector for item in items]).astype(np.float32, copy=False)
@@ -136,52 +182,35 @@ class QdrantSink:
             if scale is not None:
                 scales[scale_key(name)] = scale
         sparse = sparse_name(self.config.sparse) if self.config.sparse is not None else None
-        points = []
+        out = []
         for row, item in enumerate(items):
-            ev = item.event
-            payload = {**ev.metadata, **{key: float(values[row]) for key, values in scales.items()}}
-            payload.update(
-                doc_id=ev.doc_id, chunk_id=ev.chunk_id, content_hash=content_hash(ev.text), text=ev.text,
-                model=self.spec.name, source=item.source,
-            )
             vectors = {k: v[row] for k, v in columns.items()}
             if sparse is not None and sparse_of(item.vector) is not None:
                 vectors[sparse] = sparse_of(item.vector)
-            points.append(Point(point_id(ev.doc_id, ev.chunk_id), vectors, payload))
-        return points
+            out.append((vectors, {key: float(values[row]) for key, values in scales.items()}))
+        return out
 
-    def upsert(self, items: list[EmbeddedChunk]) -> int:
-        """Upsert per target collection; raises on failure so the caller does not commit."""
-        by_collection: dict[str, list[EmbeddedChunk]] = {}
-        for item in items:
-            by_collection.setdefault(self._collection(item.event.collection), []).append(item)
-        for collection, members in by_collection.items():
+    def upsert(self, items: list[EmbeddedChunk | ReusedChunk]) -> int:
+        """Upsert per target collection, in order; raises on failure so the caller does not commit."""
+        for collection, members in self.by_collection(items).items():
             self.store.upsert(collection, self.to_points(members), wait=True)
         return len(items)
 
-    def unchanged(self, events: list[ChunkEvent]) -> list[bool]:
-        """Per event: does its point already hold this content hash, this model and this metadata?
+    def write_payloads(self, items: list[ReusedChunk]) -> int:
+        """Rewrite the payload of each chunk's point (its vectors and their layout keys kept), per target
+        collection; raises on failure so the caller does not commit."""
+        for collection, members in self.by_collection(items).items():
+            self.store.overwrite_payloads(collection, {
+                point_id(i.event.doc_id, i.event.chunk_id): self.payload(i.event, i.source, i.reuse.layout)
+                for i in members}, wait=True)
+        return len(items)
 
-        One payload lookup per target collection. Events are taken in order, so a chunk that an
-        earlier event of the same list changes is not "unchanged" even if the store still matches it.
-        """
-        out = [False] * len(events)
-        by_collection: dict[str, list[int]] = {}
-        for i, ev in enumerate(events):
-            by_collection.setdefault(self._collection(ev.collection), []).append(i)
-        for collection, indexes in by_collection.items():
-            ids = [point_id(events[i].doc_id, events[i].chunk_id) for i in indexes]
-            current = {pid: _stored_fingerprint(payload) for pid, payload in self.store.get_payloads(collection, ids).items()}
-            for i, pid in zip(indexes, ids):
-                ev = events[i]
-                # The hash is the worker's own, from the text: a producer's content_hash is a hint at
-                # most (new text under an old hash must not be skipped as unchanged).
-                wanted = (content_hash(ev.text), self.spec.name, _user_metadata(ev.metadata))
-                if current.get(pid) == wanted:
-                    out[i] = True
-                else:
-                    current[pid] = wanted
-        return out
+    def by_collection(self, items: list) -> dict[str, list]:
+        """Items (each with an ``event``) grouped by their target collection, created if missing."""
+        by_collection: dict[str, list] = {}
+        for item in items:
+            by_collection.setdefault(self._collection(item.event.collection), []).append(item)
+        return by_collection
 
     def delete(self, event: DocumentDelete) -> None:
         collection = self._collection(event.collection)
@@ -194,3 +223,4 @@ class QdrantSink:
                 self.store.delete_points(collection, stale)
         else:
             self.store.delete_by_field(collection, "doc_id", event.doc_id)
+

@@ -7,8 +7,8 @@ the worker skip the chunk as unchanged (the index kept the old text); ``"collect
 on brokers with auto-creation, create it). So:
 
 * the content hash the sink stores and compares is computed here from the text; the producer's
-  value is at most a hint (the skip-unchanged check also compares the model and the metadata,
-  which the sink reads from the worker and the event itself);
+  value is at most a hint (the skip-unchanged check also compares the model, which the sink reads
+  from the worker, and the metadata decides only whether the payload is rewritten);
 * a collection named by a producer must be on an allow-list: the configured collection, its
   versions ``<name>_v<N>`` (what ``reindex`` creates), and configured extras;
 * ``reply_to`` must be the configured replies topic, or start with it or a configured prefix, be a
@@ -36,6 +36,7 @@ __all__ = [
     "TrustError",
     "TrustPolicy",
     "TrustSettings",
+    "base_collection",
     "check_trust",
     "collection_refusal",
     "content_hash",
@@ -113,6 +114,11 @@ def with_worker_hash(event: ChunkEvent) -> ChunkEvent:
     return event if event.content_hash == own else event.model_copy(update={"content_hash": own})
 
 
+def base_collection(name: str) -> str:
+    """The collection a name belongs to: ``docs_v3`` (a version ``reindex`` made) is ``docs``'s."""
+    return _VERSION_SUFFIX.sub("", name)
+
+
 def collection_refusal(name: str | None, policy: TrustPolicy) -> str | None:
     """Why a producer may not address collection ``name``, or None when it may (None = the default)."""
     if name is None:
@@ -120,7 +126,7 @@ def collection_refusal(name: str | None, policy: TrustPolicy) -> str | None:
     if not name or len(name) > MAX_COLLECTION_CHARS or not _SAFE_NAME.fullmatch(name):
         return (f"collection {_shown(name)} is not a valid collection name "
                 f"(1-{MAX_COLLECTION_CHARS} of [a-zA-Z0-9._-], not starting with '.')")
-    base = _VERSION_SUFFIX.sub("", name)
+    base = base_collection(name)
     allowed = {policy.collection, *policy.extra_collections}
     if name in allowed or base in allowed:
         return None

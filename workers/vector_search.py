@@ -1,17 +1,21 @@
-"""Search without a cross-encoder: the embed workers' search lane (embed -> Qdrant -> hits in vector order).
+"""Search without a cross-encoder: a deployment's search lane (embed -> Qdrant -> hits in vector order).
 
 A user with an embedding model and a collection can search it (issue #29): ``worker embed`` runs this
 loop next to its lanes, in the same process, on the store it writes (the embedded store belongs to
-one process, so only that process can search it). It consumes the search topic in its own group
-(``kafka.group_search``); query vectors come from the embed workers' query lane over Kafka
-(``kafka_embedder``: the same batching and admission as every query), the search plan and its
+one process, so only that process can search it). Query vectors come from the embed workers' query lane
+over Kafka (``kafka_embedder``: the same batching and admission as every query), the search plan and its
 rescoring are ``Searcher``'s (Matryoshka prefetch, uint8 and quantized rescoring).
 
-Rerank only when a reranker runs and the request asks: the rerank workers consume the same topic in
-their group and answer every search. Here a request with ``rerank`` false is answered; one asking
-for a rerank is left to the rerank workers while their group has members, and answered in vector
-order (``model`` null, no ``rerank_score``) while it has none. With both running, a search without
-rerank is answered twice; the caller takes the first reply by its id.
+Searches reach the owner of their collection (issue #34, ``producers/search_routing.py``): the lane reads
+its collection's own search topic in its collection's own group, so it sees only the searches of the
+collection it writes, each one once per deployment. A request naming another collection (a producer that
+wrote to the topic by hand) gets ``collection_not_served``, never this index's hits; one naming none is
+this collection's.
+
+Rerank only when a reranker runs and the request asks: a search asking for a rerank is handed on to the
+rerank workers' topic (``topic_search``) while their group has members, and answered here in vector order
+(``model`` null, no ``rerank_score``) while it has none. This lane decides, once, who answers: exactly one
+reply per request.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ import time
 from embedstream import logs
 from embedstream.config import Settings
 from embedstream.producers.query_client import QueryClient
+from embedstream.producers.search_routing import search_group, search_topic, serves
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.workers.loop import WorkerLoop, new_worker_id
-from embedstream.workers.offsets import OffsetTracker
 from embedstream.workers.search import Searcher, SearchError, kafka_embedder
 from embedstream.workers.trust import TrustError, TrustPolicy, check_trust
 
@@ -71,12 +75,14 @@ class VectorSearchWorker(WorkerLoop):
 
     def __init__(self, settings: Settings, store, model: str | None, metrics, embed_timeout_s: float = 5.0):
         super().__init__(settings.kafka, settings.worker, metrics, new_worker_id("search"))
+        self.collection = settings.qdrant.collection  # the collection this deployment writes: the one it searches
         self.client = QueryClient(settings.kafka)
-        self.searcher = Searcher(store, kafka_embedder(self.client, model, embed_timeout_s), None,
-                                 settings.qdrant.collection)
+        self.searcher = Searcher(store, kafka_embedder(self.client, model, embed_timeout_s), None, self.collection,
+                                 dense_scale=settings.sparse.dense_scale)
         self.trust = TrustPolicy.from_settings(settings)
         self.rerankers = RerankersProbe(settings.kafka)
-        self.lane = self.add_lane(LANE, [settings.kafka.topic_search], settings.kafka.group_search, 16, online=True)
+        self.lane = self.add_lane(LANE, [search_topic(settings.kafka, self.collection)],
+                                  search_group(settings.kafka, self.collection), 16, online=True)
 
     def run_once(self) -> int:
         records = self.lane.poll(self.lane.joining_timeout(50))
@@ -94,8 +100,14 @@ class VectorSearchWorker(WorkerLoop):
                 else:
                     self.lane.dead_letter(record, err.to_error_info(), handle)
                 continue
+            if not serves(self.collection, request.collection):
+                self.lane.reply(record, request, self._refused(request, SearchError("collection_not_served", (
+                    f"this deployment serves collection {self.collection!r}, not {request.collection!r}: "
+                    f"send the search to {search_topic(self.kafka, request.collection)!r}"))), handle)
+                continue
+            request = request.model_copy(update={"collection": request.collection or self.collection})
             if request.rerank and self.rerankers.running():
-                OffsetTracker.done(handle)  # the rerank workers answer it
+                self.lane.forward(record, self.kafka.topic_search, request, handle)  # the rerank workers answer it
                 continue
             try:
                 reply = self.searcher.search(request.model_copy(update={"rerank": False}))

@@ -166,22 +166,32 @@ def bench_latency(
 
 @app.command("cdc")
 def bench_cdc(
-    rate: Optional[list[float]] = typer.Option(None, help="Row changes per second, repeat the flag; default 1 2 5 10 20"),
+    mix: Optional[list[str]] = typer.Option(None, help="Change mix, repeat the flag: flips (status of short rows), "
+                                            "long-flips (status of 20 KB rows), edits (one sentence of 20 KB rows), "
+                                            "rewrites (whole text of short rows); default all four"),
+    rate: Optional[list[float]] = typer.Option(None, help="Row changes per second for every mix, repeat the flag; "
+                                               "default per mix: flips 20 50 100 200 300, long-flips 5 10 20 50, "
+                                               "edits 1 2 5 10, rewrites 1 2 5 10 20"),
     step_s: float = typer.Option(10.0, help="Seconds per rate"),
-    backlog_docs: int = typer.Option(400, help="Documents put on the bulk lane before each backlog step"),
+    backlog_docs: int = typer.Option(400, help="Documents put on the bulk lane before each backlog step (0: idle only)"),
     target_ms: float = typer.Option(1000.0, help="The p95 freshness target the summary line reports against"),
     port: BrokerPort = BROKER_PORT,
     pg_port: int = typer.Option(5432, help="Port of the dev PostgreSQL (started when not running)"),
     rest_port: int = typer.Option(8083, help="Port of the dev Connect worker's REST API"),
     out: str = typer.Option("bench-results", help="Folder for the table (JSON) and the PNG"),
 ) -> None:
-    """CDC freshness on the real rig: COMMIT in PostgreSQL -> visible in Qdrant, p50/p95/p99 and stage shares
-    at stepped change rates, idle and while a bulk backlog drains."""
+    """CDC freshness and cost by change mix on the real rig: COMMIT in PostgreSQL -> readable in Qdrant,
+    p50/p95/p99, forward passes per change and stage shares at stepped rates, idle and while a bulk backlog
+    drains; after each mix, whether the index equals the table."""
     from embedstream.bench import cdc_bench
 
+    try:
+        cdc_bench.check_mixes(mix)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--mix") from None
     logs.configure(level="WARNING")
-    cdc_bench.print_table(cdc_bench.run(rate or [1, 2, 5, 10, 20], step_s, backlog_docs, port, pg_port, rest_port,
-                                        target_ms, out))
+    cdc_bench.print_table(cdc_bench.run(rate, step_s, backlog_docs, port, pg_port, rest_port, target_ms, out,
+                                        mixes=mix))
 
 
 @app.command("quality")
@@ -191,10 +201,13 @@ def bench_quality(
     k: int = typer.Option(10, help="recall@k"),
     rescore: int = typer.Option(4, help="Rescoring pass: k x this many candidates rescored on float32"),
     threads: Optional[int] = typer.Option(None, help="torch threads for the (cached) embedding run"),
-    hybrid: bool = typer.Option(False, "--hybrid", help="Dense vs BM25 vs SPLADE vs fused retrieval on a labelled set "
-                                "(known-item + exact-term queries), and the sparse vectors' bulk cost"),
-    chunks: int = typer.Option(3000, help="--hybrid: indexed chunks"),
+    hybrid: bool = typer.Option(False, "--hybrid", help="Dense vs BM25 vs SPLADE vs every fusion on labelled sets "
+                                "(known-item + exact-term queries) per corpus, and the sparse vectors' bulk cost"),
+    chunks: int = typer.Option(3000, help="--hybrid: indexed texts per corpus (at most)"),
+    corpus: list[str] = typer.Option(["prose", "api"], help="--hybrid: prose (stdlib docstring chunks) and/or api "
+                                     "(stdlib API reference records); repeat the flag"),
     reranker: Optional[str] = typer.Option(None, help="--hybrid: cross-encoder for the hybrid + rerank row"),
+    cost_chunks: int = typer.Option(1000, min=1, help="--hybrid: chunks of the bulk-cost table (engine alone)"),
 ) -> None:
     """recall@k of float16 / int8 / uint8-as-stored / binary vs exact float32 on ≥10k real chunks, with and without
     rescoring; with --hybrid, MRR@k and recall@k of dense, sparse and hybrid retrieval."""
@@ -202,7 +215,13 @@ def bench_quality(
     if hybrid:
         from embedstream.bench import hybrid_bench
 
-        hybrid_bench.print_table(hybrid_bench.run(model, chunks, queries, queries, k, threads or 1, reranker=reranker))
+        from embedstream.bench import hybrid_set
+
+        bad = [c for c in corpus if c not in hybrid_set.CORPORA]
+        if bad:
+            raise typer.BadParameter(f"unknown corpus {bad[0]!r}; choose from {', '.join(hybrid_set.CORPORA)}")
+        hybrid_bench.print_table(hybrid_bench.run(model, chunks, queries, queries, k, threads or 1, reranker=reranker,
+                                                  cost_chunks=cost_chunks, corpora=tuple(corpus)))
         return
     from embedstream.bench import quality_bench
 
@@ -249,3 +268,36 @@ def bench_transport(
     with _broker(port):
         rows = transport_bench.run(port, count, gap_ms)
     transport_bench.print_table(rows)
+
+
+@app.command("fleet")
+def bench_fleet(
+    port: int = typer.Option(9192, "--port", help="First port of the 3-broker dev cluster (nodes on PORT..PORT+5; "
+                                                  "workers' metrics on PORT+10.. ); one answering there is used"),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="The cluster's folder (default: "
+                                           "$EMBEDSTREAM_KAFKA_DATA_DIR, else ~/.cache/embedstream/kafka-data/PORT)"),
+    protocol: list[str] = typer.Option(list(("consumer", "cooperative-sticky", "eager")),
+                                       help="Rebalance protocols to measure; repeat the flag for several"),
+    rate: float = typer.Option(30.0, help="Most chunks/s the producer adds to keep the backlog"),
+    backlog: int = typer.Option(300, help="Chunks kept in the bulk backlog (published, not yet committed)"),
+    qps: float = typer.Option(10.0, help="Queries/s on the online lane throughout"),
+    client: list[str] = typer.Option(["librdkafka"], help="Bulk lane client(s): librdkafka, kafka-python (no KIP-848 "
+                                                           "client: its consumer row is left out)"),
+    out: Optional[str] = typer.Option(None, help="Also write the rows as JSON to this file"),
+) -> None:
+    """Bulk lane group changes on a 3-broker cluster (1 -> 3 -> 1 workers, kill -9 of a member, a rolling restart
+    with static membership), per rebalance protocol: pause, query p95, chunks lost and re-embedded."""
+    from embedstream.bench import fleet_bench
+
+    bad = [p for p in protocol if p not in fleet_bench.PROTOCOLS]
+    if bad:
+        raise typer.BadParameter(f"protocol must be one of {fleet_bench.PROTOCOLS}, got {bad}")
+    logs.configure(level="WARNING")
+    if any(c not in ("librdkafka", "kafka-python") for c in client):
+        raise typer.BadParameter(f"client must be librdkafka or kafka-python, got {client}")
+    from pathlib import Path
+
+    result = fleet_bench.run(port, data_dir, protocol, rate, backlog, qps, clients=client,
+                             out=Path(out) if out else None,
+                             say=lambda line: typer.echo(line, err=True))
+    fleet_bench.print_table(result)

@@ -10,7 +10,7 @@ import typer
 from embedstream.commands.options import BROKER_PORT, BrokerDataDir, BrokerPort
 
 app = typer.Typer(no_args_is_help=True, help="Local development services.")
-kafka_app = typer.Typer(no_args_is_help=True, help="The local single-node Apache Kafka broker (KRaft).")
+kafka_app = typer.Typer(no_args_is_help=True, help="The local Apache Kafka broker (KRaft), or a cluster of N (--brokers).")
 app.add_typer(kafka_app, name="kafka")
 
 Secure = Annotated[bool, typer.Option(
@@ -18,31 +18,44 @@ Secure = Annotated[bool, typer.Option(
                      "the admin's EMBEDSTREAM_KAFKA__* settings go to DATA_DIR/security/admin.env")]
 
 
+Brokers = Annotated[Optional[int], typer.Option(
+    "--brokers", min=1, help="Nodes of a KRaft cluster on PORT, PORT+2, ... (each broker and controller; 3: the project's "
+                             "topics get replication factor 3 and min.insync.replicas 2). Default: what the data dir "
+                             "holds, else 1")]
+
+
 def _started(info) -> None:
+    for node in getattr(info, "nodes", ()):  # a cluster: each node, then the list clients are given
+        typer.echo(f"node {node.data_dir.name}: {node.bootstrap} (pid {node.pid}, data {node.data_dir})")
     typer.echo(f"kafka {info.version} answering on {info.bootstrap} (pid {info.pid}, data {info.data_dir})")
     if info.admin_env is not None:
         typer.echo(f"SASL_SSL: clients trust {info.ca_file}; admin settings in {info.admin_env}")
 
 
 @kafka_app.command("start")
-def kafka_start(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None, secure: Secure = False) -> None:
-    """Resolve the broker jars (once), format KRaft storage (once) and start; returns when it answers."""
+def kafka_start(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None, secure: Secure = False,
+                brokers: Brokers = None) -> None:
+    """Resolve the broker jars (once), format KRaft storage (once) and start; returns when it answers (a
+    cluster: when every node answers and lists all); prints the bootstrap list."""
     from embedstream import devkafka
 
-    _started(devkafka.start(port=port, data_dir=data_dir, security="sasl_ssl" if secure else "plaintext"))
+    _started(devkafka.start(port=port, data_dir=data_dir, security="sasl_ssl" if secure else "plaintext",
+                            brokers=brokers))
 
 
 @kafka_app.command("restart")
-def kafka_restart(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None, secure: Secure = False) -> None:
+def kafka_restart(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None, secure: Secure = False,
+                  brokers: Brokers = None) -> None:
     """Stop and start again with the same data (topics and committed offsets kept)."""
     from embedstream import devkafka
 
-    _started(devkafka.restart(port=port, data_dir=data_dir, security="sasl_ssl" if secure else "plaintext"))
+    _started(devkafka.restart(port=port, data_dir=data_dir, security="sasl_ssl" if secure else "plaintext",
+                              brokers=brokers))
 
 
 @kafka_app.command("stop")
 def kafka_stop(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -> None:
-    """Stop the local broker (data is kept)."""
+    """Stop the local broker, or every node of the data dir's cluster (data is kept)."""
     from embedstream import devkafka
 
     _stopped(devkafka.stop(port=port, data_dir=data_dir))
@@ -50,7 +63,7 @@ def kafka_stop(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -
 
 @kafka_app.command("status")
 def kafka_status(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -> None:
-    """Print the broker's state as JSON; exit 3 when it does not answer."""
+    """Print the broker's (or cluster's, each node's) state as JSON; exit 3 when it (any node) does not answer."""
     from embedstream import devkafka
 
     _state(devkafka.status(port=port, data_dir=data_dir), "answering")

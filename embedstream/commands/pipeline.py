@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from embedstream import logs
 from embedstream.commands.options import BROKER_PORT, BrokerPort
 from embedstream.config import Settings
+from embedstream.ranking import DEFAULT_FUSION, FUSIONS
 
 app = typer.Typer()
 PANEL = "Pipeline clients"  # where `embedstream --help` lists these commands
@@ -26,7 +27,8 @@ def produce(
     chunk_tokens: int = typer.Option(200, help="Target tokens per chunk"),
     overlap: int = typer.Option(32, help="Tokens carried over between chunks"),
     collection: Optional[str] = typer.Option(None, help="Target collection (default: the worker's)"),
-    replace: bool = typer.Option(False, help="Delete a document's old chunks before publishing its new ones"),
+    replace: bool = typer.Option(False, help="Delete the chunks a document's earlier version had beyond its new "
+                                 "ones (the embed workers re-embed only chunks whose text changed)"),
 ) -> None:
     """Chunk documents by tokens and publish ChunkEvents to the lane's topic (key = doc_id)."""
     from rich.progress import Progress
@@ -102,14 +104,16 @@ def parse_filters(items: list[str] | None) -> dict:
 @app.command(rich_help_panel=PANEL)
 def search(
     text: str = typer.Argument(..., help="Query text"),
-    collection: Optional[str] = typer.Option(None, help="Collection or alias (default: the worker's)"),
+    collection: Optional[str] = typer.Option(None, help="Collection or alias (default: EMBEDSTREAM_QDRANT__COLLECTION, "
+                                                        "the deployment's)"),
     top_k: int = typer.Option(50, help="Chunks retrieved by vector search"),
     top_n: int = typer.Option(10, help="Hits shown (after reranking)"),
     rerank: bool = typer.Option(True, "--rerank/--no-rerank", help="Rerank the retrieved chunks with the cross-encoder"),
     filter: Optional[list[str]] = typer.Option(None, "--filter", help="Payload filter field=value; repeat (same field: any of)"),
     mode: str = typer.Option("dense", help="dense | hybrid (dense and sparse searches fused; the collection needs its "
                                            "sparse vector)"),
-    fusion: str = typer.Option("rrf", help="hybrid: rrf (reciprocal rank fusion) | dbsf (distribution-based score fusion)"),
+    fusion: str = typer.Option(DEFAULT_FUSION, help=f"hybrid: how the lists are fused: {' | '.join(FUSIONS)} "
+                                                    "(docs/fusion.md)"),
     dense_limit: Optional[int] = typer.Option(None, help="hybrid: candidates of the dense search (default top-k)"),
     sparse_limit: Optional[int] = typer.Option(None, help="hybrid: candidates of the sparse search (default top-k)"),
     timeout: float = typer.Option(30.0, help="Seconds to wait for the reply"),
@@ -118,13 +122,14 @@ def search(
 ) -> None:
     """Embed -> vector search [-> rerank] through Kafka request-reply; print the hits and every stage's time.
 
-    The embed workers answer a search without rerank (in vector order, on the store they write); the
-    rerank workers answer searches that ask for a rerank, when one runs (else: vector order too)."""
+    The search goes to the deployment writing its collection (``producers/search_routing.py``): its embed
+    workers answer in vector order, or hand a search asking for a rerank to the rerank workers while one runs."""
     import uuid
 
     from rich.table import Table
 
     from embedstream.producers.query_client import QueryClient
+    from embedstream.producers.search_routing import route, unanswered
     from embedstream.schemas.events import now_ms
     from embedstream.schemas.rerank import SearchReply, SearchRequest
 
@@ -141,10 +146,11 @@ def search(
         except ValidationError as exc:
             typer.echo(f"invalid search: {exc.errors()[0]['loc'][-1]}: {exc.errors()[0]['msg']}", err=True)
             raise typer.Exit(2) from None
+        topic, request = route(settings.kafka, settings.qdrant.collection, request)
         try:
-            reply = client.request(settings.kafka.topic_search, request, SearchReply, timeout_s=timeout)
-        except TimeoutError as exc:
-            typer.echo(str(exc), err=True)
+            reply = client.request(topic, request, SearchReply, timeout_s=timeout)
+        except TimeoutError:
+            typer.echo(unanswered(topic, request.collection, timeout), err=True)
             raise typer.Exit(2) from None
         round_trip = now_ms() - sent
     if as_json:

@@ -21,8 +21,9 @@ def worker_embed(
     threads: Optional[int] = typer.Option(None, help="torch threads (one per process often wins under load)"),
     skip_unchanged: Optional[bool] = typer.Option(
         None, "--skip-unchanged/--no-skip-unchanged",
-        help="Do not embed chunks whose point already has the same content hash, model and metadata "
-             "(default: EMBEDSTREAM_WORKER__SKIP_UNCHANGED, true)"),
+        help="Run no forward pass for a chunk the store already holds: same text and model in its point (the "
+             "payload is rewritten when the metadata changed) or in another point of its document (those vectors are "
+             "used); docs/incremental.md (default: EMBEDSTREAM_WORKER__SKIP_UNCHANGED, true)"),
     nice: int = typer.Option(0, help="Lower this process's CPU priority by N (e.g. 10 for a bulk worker sharing "
                                      "cores with an online one: the bench's query p95 under backlog fell from 35-41 to 24-31 ms)"),
     search: bool = typer.Option(True, "--search/--no-search",

@@ -1,4 +1,4 @@
-"""Local development Apache Kafka broker: one KRaft node (broker + controller).
+"""Local development Apache Kafka: one KRaft node (broker + controller), or a cluster of N such nodes.
 
 No Docker here, so the broker is the real Apache Kafka from its official jars on
 Maven Central (listed in ``compose/kafka-dev/pom.xml``), fetched once by ``mvn``
@@ -13,11 +13,15 @@ One module per job:
 * ``process``: launching (``spawn``: every dev service), finding and stopping the broker process
 * ``leash``: what a test run or a command that borrowed a broker starts dies with it, even killed -9
 * ``probe``: readiness over the wire (raw ApiVersions + Metadata; stdlib only)
-* ``broker``: start / stop / restart / status; ``borrowed`` (started here: stopped on the way out)
-* ``cli``: ``python -m embedstream.devkafka start|stop|restart|status|jars [--port N]``
+* ``broker``: start / stop / restart / status of one node
+* ``cluster``: one node or a cluster of N (``brokers=3``): start / stop / restart / status; ``borrowed``
+  (started here: stopped on the way out); a node killed, stopped, started (the cluster's fault tests)
+* ``cli``: ``python -m embedstream.devkafka start|stop|restart|status|jars [--port N] [--brokers N]``
 """
 
-from embedstream.devkafka.broker import BrokerInfo, borrowed, restart, start, status, stop
+from embedstream.devkafka.broker import BrokerInfo
+from embedstream.devkafka.cluster import (ClusterInfo, borrowed, cluster_size, kill_node, restart, start, start_node,
+                                          status, stop, stop_node)
 from embedstream.devkafka.cli import main
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.jars import ensure_jars, kafka_version
@@ -28,7 +32,12 @@ from embedstream.devkafka.process import port_free
 
 __all__ = [
     "BrokerInfo",
+    "ClusterInfo",
     "borrowed",
+    "cluster_size",
+    "kill_node",
+    "start_node",
+    "stop_node",
     "DevKafkaError",
     "broker_answers",
     "default_data_dir",

@@ -1,4 +1,5 @@
-"""start / stop / restart / status of one dev broker: the jobs of the other modules in order."""
+"""start / stop / status of one dev broker: the jobs of the other modules in order (restart, and a cluster of
+them: cluster.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ import contextlib
 import dataclasses
 import ssl
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from embedstream.devkafka import leash
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.jars import ensure_jars, kafka_version
 from embedstream.devkafka.jvm import JVM_CRASH_CODES, discard_cds_archive, finish_cds_dump, find_java
@@ -134,6 +134,25 @@ def _start_process(
     home: Path | str | None,
 ) -> int:
     """Write the config, format storage on first use, launch the JVM and wait until it answers."""
+    pid, libs = launch_node(layout, config, version, home, files=files, host=host, port=port)
+    await_node(pid, libs, host, port, layout, wait_s, tls)
+    return pid
+
+
+def launch_node(
+    layout: Layout,
+    config: str,
+    version: str,
+    home: Path | str | None,
+    *,
+    host: str,
+    port: int,
+    files: SecureFiles | None = None,
+    cluster_id: str | None = None,
+) -> tuple[int, Path]:
+    """Write the config, format storage on first use (with ``cluster_id``: a cluster's shared id) and
+    launch the JVM without waiting; returns (pid, jar dir). Nodes of a cluster are all launched before
+    any is waited for: one node alone has no controller quorum."""
     layout.pid_file.unlink(missing_ok=True)  # stale
     finish_cds_dump(layout, clean_exit=False)  # exited without us: dump unverifiable
     java = find_java()
@@ -142,7 +161,7 @@ def _start_process(
     write_text(layout.log4j, log4j_properties(layout))
     if not layout.meta.is_file():
         if files is None:
-            format_storage(java, libs, layout)
+            format_storage(java, libs, layout, cluster_id=cluster_id)
         else:
             format_storage(java, libs, layout, format_args(files), secrets=(files.admin_password,))
             write_text(_scram_marker(files), "formatted with the admin's SCRAM credential\n")
@@ -152,9 +171,16 @@ def _start_process(
             "start the secured broker with another data dir"
         )
     check_ports_free(host, port, layout)
-    pid = launch(java, libs, layout)
+    return launch(java, libs, layout), libs
+
+
+def await_node(
+    pid: int, libs: Path, host: str, port: int, layout: Layout, wait_s: float,
+    tls: ssl.SSLContext | None = None, brokers: int = 1,
+) -> None:
+    """Wait until the launched broker answers (listing ``brokers`` brokers); stop it if it never does."""
     try:
-        wait_answering(pid, host, port, wait_s, layout, tls)
+        wait_answering(pid, host, port, wait_s, layout, tls, brokers=brokers)
     except BaseException as exc:
         # Do not leave a half-started broker holding the ports and the data dir.
         with contextlib.suppress(DevKafkaError):
@@ -167,7 +193,6 @@ def _start_process(
                 "so starting again runs without it"
             ) from exc
         raise
-    return pid
 
 
 def _scram_marker(files: SecureFiles) -> Path:
@@ -191,23 +216,6 @@ def stop(
     return pid is not None
 
 
-def restart(
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    data_dir: Path | str | None = None,
-    wait_s: float = DEFAULT_WAIT_S,
-    *,
-    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
-    home: Path | str | None = None,
-    security: str = PLAINTEXT,
-    users: Mapping[str, str] | None = None,
-    grants: Sequence[AclGrant] = (),
-) -> BrokerInfo:
-    """Stop then start with the same data dir (topics and offsets kept): for fault-injection tests."""
-    stop(port, data_dir, timeout_s=stop_timeout_s)
-    return start(host, port, data_dir, wait_s, home=home, security=security, users=users, grants=grants)
-
-
 def status(port: int = DEFAULT_PORT, data_dir: Path | str | None = None) -> dict:
     """State of the data dir's broker: running/answering, pid, bootstrap, log and data paths."""
     layout = layout_for(port, data_dir)
@@ -227,19 +235,3 @@ def status(port: int = DEFAULT_PORT, data_dir: Path | str | None = None) -> dict
         "console_log": str(layout.console_log),
         "cluster_id": read_cluster_id(layout),
     }
-
-
-@contextlib.contextmanager
-def borrowed(port: int = DEFAULT_PORT, data_dir: Path | str | None = None, **start_options) -> Iterator[BrokerInfo]:
-    """A broker for the length of a ``with``: one found answering is used and left running; one started
-    here is stopped however the block ends (an error, Ctrl-C), and is bound to this process (``leash``), so
-it dies with it even when it is killed -9. What the demo and every benchmark use."""
-    started_here = not status(port=port, data_dir=data_dir).get("answering")
-    if started_here:
-        leash.ensure()  # what this process starts from here on dies with it, even killed -9
-    info = start(port=port, data_dir=data_dir, **start_options)
-    try:
-        yield info
-    finally:
-        if started_here:
-            stop(port=port, data_dir=data_dir)

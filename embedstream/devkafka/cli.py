@@ -1,4 +1,4 @@
-"""Shell use without the main CLI: ``python -m embedstream.devkafka start|stop|restart|status|jars [--port N]``."""
+"""Shell use without the main CLI: ``python -m embedstream.devkafka start|stop|restart|status|jars [--port N] [--brokers N]``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import IO, Sequence
 
-from embedstream.devkafka.broker import DEFAULT_STOP_TIMEOUT_S, DEFAULT_WAIT_S, restart, start, status, stop
+from embedstream.devkafka.broker import DEFAULT_STOP_TIMEOUT_S, DEFAULT_WAIT_S
+from embedstream.devkafka.cluster import restart, start, status, stop
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.jars import ensure_jars
 from embedstream.devkafka.layout import DEFAULT_HOST, DEFAULT_PORT
@@ -18,7 +19,7 @@ from embedstream.devkafka.layout import DEFAULT_HOST, DEFAULT_PORT
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m embedstream.devkafka",
-        description="Local single-node Apache Kafka (KRaft) for development and tests.",
+        description="Local Apache Kafka (KRaft) for development and tests: one node, or a cluster of N.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -26,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_)
         if name != "jars":
             cmd.add_argument(
-                "--port", type=int, default=DEFAULT_PORT, help="client port; port+1 is the controller"
+                "--port", type=int, default=DEFAULT_PORT,
+                help="client port; port+1 is the controller (a cluster: node i uses port+2(i-1) and the next)"
             )
             cmd.add_argument(
                 "--data-dir", type=Path, default=None,
@@ -46,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
         )
         cmd.add_argument(
             "--wait", type=float, default=DEFAULT_WAIT_S, help="seconds to wait for the broker to answer"
+        )
+        cmd.add_argument(
+            "--brokers", type=int, default=None,
+            help="nodes of a KRaft cluster (3: replication factor 3, min.insync.replicas 2); default: what the "
+                 "data dir holds, else 1",
         )
     add("stop", "stop the broker").add_argument(
         "--timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, help="seconds before SIGKILL"
@@ -67,10 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             fn = start if args.command == "start" else restart
             t0 = time.monotonic()
             security = "sasl_ssl" if args.secure else "plaintext"
-            info = fn(args.host, args.port, args.data_dir, args.wait, security=security)
+            brokers = {"brokers": args.brokers} if args.brokers else {}
+            info = fn(args.host, args.port, args.data_dir, args.wait, security=security, **brokers)
             _say(
                 f"kafka {info.version} answering on {info.bootstrap} after {time.monotonic() - t0:.1f} s "
-                f"(pid {info.pid}, data {info.data_dir}, log {info.log_path})"
+                f"(pid {info.pid}, data {info.data_dir})"
             )
             if info.admin_env is not None:
                 _say(f"SASL_SSL: CA {info.ca_file}; admin settings (EMBEDSTREAM_KAFKA__*) in {info.admin_env}")

@@ -47,8 +47,10 @@ def broker_answers(
     port: int = DEFAULT_PORT,
     timeout_s: float = 2.0,
     tls: ssl.SSLContext | None = None,
+    brokers: int = 1,
 ) -> bool:
-    """True when a Kafka broker at host:port serves requests and lists itself in metadata.
+    """True when a Kafka broker at host:port serves requests and lists itself in metadata
+    (a node of a cluster: lists ``brokers`` brokers, every node registered).
 
     Stronger than an open port: the listener opens before the broker has registered
     with its controller, and clients fail until it has. With ``tls`` (a SASL_SSL listener) the
@@ -68,18 +70,19 @@ def broker_answers(
             versions = [v for v in range(1, 9) if lo <= v <= hi]
             if not versions:
                 return False
-            return _metadata_broker_count(sock, max(versions)) > 0
+            return _metadata_broker_count(sock, max(versions)) >= max(1, brokers)
     except (OSError, ValueError, struct.error):
         return False
 
 
 def wait_answering(
-    pid: int, host: str, port: int, wait_s: float, layout: Layout, tls: ssl.SSLContext | None = None
+    pid: int, host: str, port: int, wait_s: float, layout: Layout, tls: ssl.SSLContext | None = None,
+    brokers: int = 1,
 ) -> None:
     """Block until the broker answers; fail fast if the JVM dies, with the log tails."""
     deadline = time.monotonic() + wait_s
     while True:
-        if broker_answers(host, port, timeout_s=2.0, tls=tls):
+        if broker_answers(host, port, timeout_s=2.0, tls=tls, brokers=brokers):
             return
         if not pid_alive(pid):
             code = f" with exit code {EXIT_CODES[pid]}" if pid in EXIT_CODES else ""

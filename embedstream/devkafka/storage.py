@@ -83,7 +83,7 @@ rootLogger.appenderRef.file.ref = FILE
 {quiet_lines}"""
 
 
-def _random_cluster_id() -> str:
+def random_cluster_id() -> str:
     """Same format as ``kafka-storage random-uuid`` without paying a JVM start for it."""
     while True:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -92,17 +92,19 @@ def _random_cluster_id() -> str:
 
 
 def format_storage(
-    java: str, libs: Path, layout: Layout, extra_args: Sequence[str] = (), secrets: Sequence[str] = ()
+    java: str, libs: Path, layout: Layout, extra_args: Sequence[str] = (), secrets: Sequence[str] = (),
+    cluster_id: str | None = None,
 ) -> None:
     """Format the KRaft log dir once; skipped later so topics and offsets survive restarts.
 
     ``extra_args``: e.g. ``--add-scram`` for the secured broker's first user; ``secrets`` are blanked
-    out of the tool's output before it goes into an error message.
+    out of the tool's output before it goes into an error message. ``cluster_id``: the id every node of a
+    cluster shares (default: a new one, a single node).
     """
     cmd = [
         java, "-Xmx256m", f"-Dlog4j2.configurationFile={layout.log4j}",
         "-cp", f"{libs}/*", STORAGE_TOOL,
-        "format", "-t", _random_cluster_id(), "-c", str(layout.config), *extra_args,
+        "format", "-t", cluster_id or random_cluster_id(), "-c", str(layout.config), *extra_args,
     ]
     proc = subprocess.run(
         cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=STORAGE_FORMAT_TIMEOUT_S

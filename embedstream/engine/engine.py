@@ -28,7 +28,7 @@ from embedstream.engine.sparse import SparseEncoder
 from embedstream.engine.sparse_choice import build_sparse_encoder
 from embedstream.engine.tokenize import TextTokenizer, Tokenized, load_tokenizer, st_lowercase
 from embedstream.engine.transfer import StagedBatch, staged_ahead
-from embedstream.vectors import EncodedRow, SparseVector, sparse_of, with_sparse
+from embedstream.vectors import EncodedRow, SparseVector, encoded_rows, sparse_of, token_states_of
 
 
 @dataclass
@@ -48,6 +48,9 @@ class EmbedRequest:
     # With a sparse encoder: compute this text's sparse vector too. None: for documents, not for queries
     # (a query's sparse vector is asked for: a search encodes its own, /embed_sparse asks).
     sparse: bool | None = None
+    token_states: bool = False  # also every token's last hidden state (TEI's /embed_all), from the same pass
+    truncate_left: bool = False  # a cut text loses its start, not its end (TEI's Left, Cohere's START)
+    max_tokens: int | None = None  # a limit below the model's, special tokens included (Cohere's max_tokens)
 
 
 @dataclass
@@ -55,6 +58,7 @@ class ScoreRequest:
     id: Any
     query: Any
     passage: Any
+    max_passage_tokens: int | None = None  # cut the passage to at most this many tokens (Cohere's max_tokens_per_doc)
 
 
 @dataclass
@@ -66,6 +70,7 @@ class EmbedResult:
     truncated: bool = False
     error: EngineError | None = None
     sparse: SparseVector | None = None  # with a sparse encoder: the text's term weights
+    token_states: np.ndarray | None = None  # when asked: float32 [tokens, hidden], the encoder's last layer
 
     def to_json(self) -> dict:
         def body() -> dict:
@@ -183,7 +188,10 @@ class Engine:
         prompts = [self._prompt(requests[i]) for i in todo]
         texts = [f"{prompt}{requests[i].text}" if prompt else requests[i].text for i, prompt in zip(todo, prompts)]
         truncate = [self._may_truncate(requests[i]) for i in todo]
-        for i, prompt, tok in zip(todo, prompts, self.tokenizer.encode_many(texts, truncate) if todo else ()):
+        shaped = {}  # only requests that ask for it: a plain batch is tokenized as it always was
+        if any(requests[i].truncate_left or requests[i].max_tokens for i in todo):
+            shaped = {"left": [requests[i].truncate_left for i in todo], "limits": [requests[i].max_tokens for i in todo]}
+        for i, prompt, tok in zip(todo, prompts, self.tokenizer.encode_many(texts, truncate, **shaped) if todo else ()):
             out[i] = tok if isinstance(tok, EngineError) else self._prepared(requests[i], tok, prompt)
         if timings is not None:
             timings.tokenize_ms += (time.perf_counter() - start) * 1000
@@ -209,7 +217,8 @@ class Engine:
                 staged: StagedBatch | None = None) -> np.ndarray | list[EncodedRow]:
         """One packed forward pass over items that fit one batch; float32 [N, D] in item order. With a
         sparse encoder, the same items' sparse vectors are computed next and each row carries its own
-        (a list of :class:`~embedstream.vectors.EncodedRow`: 1-d arrays with ``.sparse``).
+        (a list of :class:`~embedstream.vectors.EncodedRow`: 1-d arrays with ``.sparse``); an item whose
+        request asks for ``token_states`` gets its tokens' rows of the pass's last hidden states on its row.
 
         ``staged``: these items' batch, already packed and its device copy started (``embed`` stages batch i+1
         before running batch i, so on CUDA that copy runs under batch i's forward); else packed here, into
@@ -218,7 +227,16 @@ class Engine:
             staged = self.runner.stage(self.runner.pack([p.tokens for p in items]))
         batch = staged.batch
         ft = ForwardTimings()
-        pooled = self.runner.embed(staged, ft).numpy()
+        keep = [k for k, i in enumerate(batch.order) if getattr(items[i].request, "token_states", False)]  # packed positions
+        states: list[np.ndarray | None] | None = None
+        if keep:
+            pooled_t, kept = self.runner.embed_keeping_tokens(staged, ft, keep)
+            pooled = pooled_t.numpy()
+            states = [None] * len(items)
+            for k, rows in zip(keep, kept):
+                states[batch.order[k]] = rows
+        else:
+            pooled = self.runner.embed(staged, ft).numpy()
         vectors = np.empty_like(pooled)
         vectors[batch.order] = pooled
         timings.forward_ms += ft.forward_ms
@@ -228,7 +246,7 @@ class Engine:
         self.head.normalize(vectors, [p.normalize for p in items])
         timings.pool_ms += ft.pool_ms + (time.perf_counter() - start) * 1000
         if self.sparse is None:
-            return vectors
+            return vectors if states is None else encoded_rows(vectors, token_states=states)
         start = time.perf_counter()
         sparse: list[SparseVector | None] = [None] * len(items)
         wanted = [i for i, p in enumerate(items) if _wants_sparse(p.request)]
@@ -238,7 +256,7 @@ class Engine:
                                                             [not self._prompt(p.request) for p in chosen])):
                 sparse[i] = vector
         timings.sparse_ms = (timings.sparse_ms or 0.0) + (time.perf_counter() - start) * 1000
-        return with_sparse(vectors, sparse)
+        return encoded_rows(vectors, sparse, states)
 
     def warm_up(self, max_tokens: int) -> int:
         """Run one forward per sequence length 1..max_tokens so their kernels exist before traffic.
@@ -260,7 +278,7 @@ class Engine:
         req: EmbedRequest = item.request
         return EmbedResult(
             req.id, self.head.output(vector, req.dimensions, req.dtype, item.normalize), vector, len(item.tokens),
-            item.tokens.truncated, sparse=sparse_of(vector),
+            item.tokens.truncated, sparse=sparse_of(vector), token_states=token_states_of(vector),
         )
 
     def embed(self, requests: list[EmbedRequest], sort_by_length: bool = True) -> tuple[list[EmbedResult], StageTimings]:
@@ -296,7 +314,9 @@ class Engine:
                 todo.append(i)
             except EngineError as err:
                 results[i] = ScoreResult(req.id, error=err)
-        encoded = self.tokenizer.encode_pairs([(requests[i].query, requests[i].passage) for i in todo])
+        limits = [requests[i].max_passage_tokens for i in todo]
+        encoded = self.tokenizer.encode_pairs([(requests[i].query, requests[i].passage) for i in todo],
+                                              limits if any(limit is not None for limit in limits) else None)
         ready: list[tuple[int, Tokenized]] = []
         for i, tok in zip(todo, encoded):
             if isinstance(tok, EngineError):

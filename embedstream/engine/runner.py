@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from embedstream.engine.attention import attention_kernel_name
@@ -254,19 +255,37 @@ class ModelRunner:
     def _on_device(self, batch: PackedBatch | StagedBatch) -> PackedBatch:
         return self.feeder.wait(batch if isinstance(batch, StagedBatch) else self.feeder.stage(batch))
 
-    @torch.inference_mode()
     def embed(self, batch: PackedBatch | StagedBatch, timings: ForwardTimings) -> torch.Tensor:
         """Pooled (and projected) float32 vectors [B, D] on the host, in packed order (batch.order maps
         back to callers). One copy back and one synchronisation per batch on CUDA."""
+        return self._embed(batch, timings, ())[0]
+
+    def embed_keeping_tokens(self, batch: PackedBatch | StagedBatch, timings: ForwardTimings,
+                             sequences: list[int]) -> tuple[torch.Tensor, list[np.ndarray]]:
+        """``embed``, plus the last hidden states of the packed ``sequences`` (positions in packed order), each
+        float32 [its tokens, hidden] on the host: the same pass's rows, no padding, no pooling."""
+        return self._embed(batch, timings, sequences)
+
+    @torch.inference_mode()
+    def _embed(self, batch: PackedBatch | StagedBatch, timings: ForwardTimings,
+               sequences) -> tuple[torch.Tensor, list[np.ndarray]]:
         spans = self.feeder.spans()
         on_device = self._on_device(batch)
         hidden = self.encoder(on_device)
         spans.mark()
-        vectors = self.feeder.to_host(self.head.project(hidden, on_device))
+        projected = self.head.project(hidden, on_device)
+        kept: list[np.ndarray] = []
+        if sequences:
+            cu = on_device.cu_seqlens.tolist()
+            rows = torch.cat([hidden[cu[k]:cu[k + 1]] for k in sequences]).float()
+            flat = self.feeder.to_host(rows).numpy().copy()  # owned: the encoder may reuse its buffers
+            starts = np.cumsum([0] + [cu[k + 1] - cu[k] for k in sequences])
+            kept = [flat[a:b] for a, b in zip(starts[:-1], starts[1:])]
+        vectors = self.feeder.to_host(projected)
         forward_ms, pool_ms = spans.split_ms()
         timings.forward_ms += forward_ms
         timings.pool_ms += pool_ms
-        return vectors
+        return vectors, kept
 
     @torch.inference_mode()
     def score(self, batch: PackedBatch | StagedBatch, timings: ForwardTimings) -> torch.Tensor:

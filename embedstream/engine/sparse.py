@@ -9,7 +9,7 @@ One contract, :class:`SparseEncoder`, chosen per deployment (``EMBEDSTREAM_SPARS
   Terms come from a word tokenizer (``words``: Qdrant's own BM25 analyser from qdrant-edge: lowercase,
   English stop words, Snowball stemming, the same as a Qdrant server's ``qdrant/bm25``) or from the
   model's tokenizer (``model``: the chunk's WordPiece ids already in hand, special tokens left out).
-  ``bench quality --hybrid`` measures both (README); ``words`` is the default.
+  ``bench quality --hybrid`` measures both (docs/benchmarks.md); ``words`` is the default.
 * ``splade`` (:class:`~embedstream.engine.splade.SpladeEncoder`): a masked-LM head with SPLADE pooling.
 
 ``sparse_choice.build_sparse_encoder`` picks one from the settings.

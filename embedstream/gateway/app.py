@@ -27,32 +27,33 @@ from embedstream.gateway.config import GatewayOptions
 from embedstream.gateway.errors import ApiError, Dialect
 from embedstream.gateway.lanes import KafkaLanes
 from embedstream.gateway.metrics import GatewayMetrics
+from embedstream.gateway.openapi import VERSION, openapi_document
+from embedstream.gateway.operations import OPERATIONS
 from embedstream.gateway.overload import Admission, LagMonitor
 from embedstream.gateway.service import Gateway
 
 log = logs.get("embedstream.gateway")
 
 
+def _by_method(handlers: dict[str, Callable[[Request], Awaitable[Response]]]) -> Callable[[Request], Awaitable[Response]]:
+    """One endpoint for a path's methods (GET / is health, POST / TEI's root route); HEAD is GET's."""
+    if len(handlers) == 1:
+        return next(iter(handlers.values()))
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    async def dispatch(request: Request) -> Response:
+        return await handlers[request.method if request.method != "HEAD" else "GET"](request)
 
-    try:
-        return version("embedstream")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-VERSION = _version()
+    return dispatch
 
 
 def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, LagMonitor]:
     """The Kafka side: request topics present, one reply reader, the lag probes (blocking; run off the loop)."""
     from embedstream.producers.topics import ensure_topics
     from embedstream.producers.query_client import QueryClient
+    from embedstream.producers.search_routing import search_topic
 
     k = settings.kafka
-    topics = [k.topic_queries, k.topic_rerank, k.topic_search]
+    topics = [k.topic_queries, k.topic_rerank, search_topic(k, settings.qdrant.collection)]
     ensure_topics(k, topics=topics)
     client = QueryClient(k.model_copy(update={"fetch_max_wait_ms": options.reply_fetch_wait_ms}), options.reply_topic)
     try:
@@ -60,7 +61,7 @@ def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, La
     except BaseException:
         client.close()
         raise
-    monitor = LagMonitor(k, options.lag_interval_s).start()
+    monitor = LagMonitor(k, options.lag_interval_s, settings.qdrant.collection).start()
     admission = Admission(options.max_inflight, options.max_lag, options.retry_after_s, monitor)
     return KafkaLanes(client, admission), monitor
 
@@ -87,7 +88,7 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
             try:
                 response = await (handler(gateway, request, box) if boxed else handler(gateway, request))
             except ApiError as err:
-                response = JSONResponse(err.body(box[0]), err.status, headers=err.headers())  # type: ignore[arg-type]
+                response = JSONResponse(err.body(box[0]), err.status_for(box[0]), headers=err.headers())  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
                 log.exception("gateway request failed", route=route)
                 err = ApiError(500, "internal_error", f"internal error: {type(exc).__name__}")
@@ -99,15 +100,23 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
 
         return run
 
-    async def health(request: Request) -> Response:
-        ok = gateway.lanes is not None and gateway.lanes.healthy()
-        return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
+    async def health(gateway: Gateway, request: Request) -> Response:
+        if gateway.lanes is None or not gateway.lanes.healthy():
+            raise ApiError(503, "kafka_unavailable", "unhealthy: the gateway has no working Kafka client")
+        return JSONResponse({"status": "ok"})
 
-    async def info(request: Request) -> Response:
+    async def alive(gateway: Gateway, request: Request) -> Response:
+        """Liveness (/healthz): the event loop answers. A broker outage is readiness (/readyz), not a reason to restart."""
+        return JSONResponse({"alive": True})
+
+    async def info(gateway: Gateway, request: Request) -> Response:
         return JSONResponse(gateway.info(VERSION))
 
-    async def metrics_route(request: Request) -> Response:
+    async def metrics_route(gateway: Gateway, request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def openapi(gateway: Gateway, request: Request) -> Response:
+        return JSONResponse(openapi_document())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -123,27 +132,20 @@ def create_app(settings: Settings | None = None, options: GatewayOptions | None 
             await anyio.to_thread.run_sync(lanes.close)
             await anyio.to_thread.run_sync(monitor.close)
 
-    embed_openai = endpoint("openai_embeddings", "openai", routes_embed.openai_embeddings)
-    routes = [
-        Route("/v1/embeddings", embed_openai, methods=["POST"]),
-        Route("/embeddings", embed_openai, methods=["POST"]),
-        Route("/embed", endpoint("embed", "tei", routes_embed.tei_embed), methods=["POST"]),
-        Route("/embed_sparse", endpoint("embed_sparse", "tei", routes_embed.tei_embed_sparse), methods=["POST"]),
-        Route("/v2/embed", endpoint("cohere_embed", "cohere", routes_embed.cohere_embed), methods=["POST"]),
-        Route("/rerank", endpoint("rerank", "tei", routes_rank.rerank, boxed=True), methods=["POST"]),
-        Route("/v1/rerank", endpoint("cohere_rerank", "cohere", routes_rank.cohere_rerank), methods=["POST"]),
-        Route("/v2/rerank", endpoint("cohere_rerank", "cohere", routes_rank.cohere_rerank), methods=["POST"]),
-        Route("/search", endpoint("search", "tei", routes_rank.search), methods=["POST"]),
-        # TEI's root route (by the body: embed or rerank), SageMaker's name for it, and what TEI clients call first
-        Route("/", endpoint("tei_root", "tei", routes_tei.root, boxed=True), methods=["POST"]),
-        Route("/invocations", endpoint("tei_root", "tei", routes_tei.root, boxed=True), methods=["POST"]),
-        Route("/predict", endpoint("predict", "tei", routes_tei.predict), methods=["POST"]),
-        Route("/tokenize", endpoint("tokenize", "tei", routes_tei.tokenize), methods=["POST"]),
-        Route("/decode", endpoint("decode", "tei", routes_tei.decode), methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/info", info, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
-    ]
+    handlers: dict[str, Callable[..., Awaitable[Response]]] = {
+        "embed": routes_embed.tei_embed, "embed_all": routes_embed.tei_embed_all,
+        "embed_sparse": routes_embed.tei_embed_sparse, "similarity": routes_embed.tei_similarity,
+        "openai_embeddings": routes_embed.openai_embeddings, "cohere_embed": routes_embed.cohere_embed,
+        "rerank": routes_rank.rerank, "cohere_rerank": routes_rank.cohere_rerank, "search": routes_rank.search,
+        "tei_root": routes_tei.root, "predict": routes_tei.predict, "tokenize": routes_tei.tokenize,
+        "decode": routes_tei.decode, "health": health, "alive": alive, "info": info, "metrics": metrics_route, "openapi": openapi,
+    }
+    boxed = {"rerank", "tei_root"}  # the body decides the dialect of their errors
+    # The route table decides what is served (and documented: openapi.py reads the same table)
+    by_path: dict[str, dict[str, Callable]] = {}
+    for op in OPERATIONS:
+        by_path.setdefault(op.path, {})[op.method] = endpoint(op.name, op.dialect, handlers[op.name], op.name in boxed)
+    routes = [Route(path, _by_method(methods), methods=list(methods)) for path, methods in by_path.items()]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gateway
     return app

@@ -9,6 +9,10 @@ from embedstream.gateway.config import GatewayOptions
 _DEFAULTS = GatewayOptions()
 
 
+def _help(name: str) -> str:
+    return GatewayOptions.model_fields[name].description or ""
+
+
 def gateway_cmd(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 in a container)"),
     port: int = typer.Option(8080, help="HTTP port"),
@@ -22,6 +26,8 @@ def gateway_cmd(
     timeout: float = typer.Option(_DEFAULTS.default_timeout_s, help="Deadline (s) when the client sends no timeout"),
     max_timeout: float = typer.Option(_DEFAULTS.max_timeout_s, help="Cap (s) on a client's timeout"),
     reply_topic: str = typer.Option(None, help="Reply topic of this gateway; default EMBEDSTREAM_KAFKA__TOPIC_REPLIES"),
+    auto_truncate: bool = typer.Option(_DEFAULTS.auto_truncate, "--auto-truncate/--no-auto-truncate",
+                                       help=_help("auto_truncate")),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     """Serve OpenAI (/v1/embeddings), TEI (/embed, /rerank, /info), Cohere/Jina (/v2/embed, /v1|v2/rerank)
@@ -34,7 +40,8 @@ def gateway_cmd(
     logs.configure(json=settings.log_json)
     options = GatewayOptions(model=model, rerank_model=rerank_model, max_inputs=max_inputs, max_documents=max_documents,
                              max_body_bytes=max_body_bytes, max_inflight=max_inflight, max_lag=max_lag,
-                             default_timeout_s=timeout, max_timeout_s=max_timeout, reply_topic=reply_topic)
+                             default_timeout_s=timeout, max_timeout_s=max_timeout, reply_topic=reply_topic,
+                             auto_truncate=auto_truncate)
     serve(settings, options, host, port, log_level)
 
 

@@ -48,12 +48,16 @@ class LaneLag:
 class LagMonitor:
     """Measures every lane's lag each ``interval_s`` in a daemon thread; a failed probe keeps the last value."""
 
-    def __init__(self, settings: KafkaSettings, interval_s: float):
+    def __init__(self, settings: KafkaSettings, interval_s: float, collection: str):
+        from embedstream.producers.search_routing import search_group, search_topic
+
         self.settings = settings
         self.interval_s = interval_s
         self.lanes = {
             "embed": LaneLag(settings.group_online, [settings.topic_queries]),
             "rerank": LaneLag(settings.group_rerank, [settings.topic_rerank, settings.topic_search]),
+            # the default collection's searches: its deployment's search lanes
+            "search": LaneLag(search_group(settings, collection), [search_topic(settings, collection)]),
         }
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gateway-lag", daemon=True)
@@ -87,7 +91,7 @@ class Admission:
     def __init__(self, max_inflight: int, max_lag: int, retry_after_s: int, monitor: LagMonitor | None):
         self.max_inflight, self.max_lag, self.retry_after_s = max_inflight, max_lag, retry_after_s
         self.monitor = monitor
-        self.inflight: dict[str, int] = {"embed": 0, "rerank": 0}
+        self.inflight: dict[str, int] = {"embed": 0, "rerank": 0, "search": 0}
 
     def enter(self, lane: str, count: int) -> None:
         """Reserve ``count`` requests on ``lane`` or raise 429; pair with :meth:`leave`."""

@@ -42,7 +42,8 @@ async def cohere_rerank(gateway: Gateway, request: Request) -> JSONResponse:
 async def _cohere(gateway: Gateway, body: CohereRerank, deadline: float) -> JSONResponse:
     model = gateway.check_model(body.model, "rerank")
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    reply = await gateway.rerank(body.query, texts, body.top_n, deadline)
+    reply = await gateway.rerank(body.query, texts, body.top_n, deadline, what="documents",
+                                 max_tokens_per_doc=body.max_tokens_per_doc)
     activation = gateway.rerank_spec.activation
     results = []
     for result in reply.results:

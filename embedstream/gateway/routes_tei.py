@@ -64,6 +64,8 @@ async def tokenize(gateway: Gateway, request: Request) -> JSONResponse:
     """TEI ``/tokenize``: per input, ``[{id, text, special, start, stop}]`` (character offsets into the input)."""
     body = validate(TeiTokenize, await read_json(request, gateway.options.max_body_bytes))
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    if not texts or not all(texts):
+        raise ApiError(400, "empty_input", "`inputs` cannot be empty", param="inputs")
     if len(texts) > gateway.options.max_inputs:
         raise ApiError(413, "too_many_inputs", f"inputs has {len(texts)} items, over the limit of "
                        f"{gateway.options.max_inputs} per request", param="inputs")
@@ -86,12 +88,14 @@ async def decode(gateway: Gateway, request: Request) -> JSONResponse:
     """TEI ``/decode``: token ids (one list or a list of lists) back to text, one string per list."""
     body = validate(TeiDecode, await read_json(request, gateway.options.max_body_bytes))
     ids = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]  # type: ignore[list-item]
+    if not all(ids):
+        raise ApiError(400, "empty_input", "`ids` cannot be empty", param="ids")
     if len(ids) > gateway.options.max_inputs:
         raise ApiError(413, "too_many_inputs", f"ids has {len(ids)} lists, over the limit of "
                        f"{gateway.options.max_inputs} per request", param="ids")
     tokenizer = gateway.tokenizer()
     vocab = tokenizer.get_vocab_size()
     for i, row in enumerate(ids):
-        if row and (min(row) < 0 or max(row) >= vocab):
+        if min(row) < 0 or max(row) >= vocab:
             raise ApiError(422, "invalid_token_id", f"ids[{i}] has a token id outside 0..{vocab - 1}", param="ids")
     return JSONResponse(tokenizer.decode_batch(ids, skip_special_tokens=body.skip_special_tokens))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
+from embedstream import logs
 from embedstream.config import Settings
 from embedstream.engine import postprocess
 from embedstream.engine.errors import EngineError
@@ -23,7 +24,10 @@ from embedstream.gateway.config import GatewayOptions
 from embedstream.gateway.errors import ApiError
 from embedstream.gateway.lanes import KafkaLanes
 from embedstream.schemas.events import PromptKind, QueryReply, QueryRequest, now_ms
+from embedstream.producers.search_routing import route, search_topic
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
+
+log = logs.get("embedstream.gateway")
 
 TIMEOUT_HEADERS = ("x-request-timeout", "request-timeout", "x-stainless-read-timeout")
 """Client timeouts in seconds, in order of preference; the openai SDK sends the last one on every call."""
@@ -39,6 +43,9 @@ class EmbedAsk:
     truncate: bool | None = None
     normalize: bool | None = None
     sparse: bool = False  # also the texts' sparse vectors (TEI /embed_sparse)
+    token_embeddings: bool = False  # also every token's last hidden state (TEI /embed_all)
+    truncation_direction: str = "right"  # right: a cut text loses its end; left: its start
+    max_tokens: int | None = None  # a token limit below the model's (Cohere's max_tokens)
 
 
 @dataclass
@@ -47,6 +54,7 @@ class Embedded:
     tokens: list[int]
     timings_ms: dict[str, float] = field(default_factory=dict)  # per stage, the slowest input's
     sparse: list = field(default_factory=list)  # SparseTerms per input, when asked
+    token_states: list[np.ndarray] = field(default_factory=list)  # float32 [tokens, hidden] per input, when asked
 
 
 def slowest(timings: list[dict[str, float]]) -> dict[str, float]:
@@ -67,15 +75,19 @@ class Gateway:
         self.spec, self.rerank_spec, self.rerank_problem = spec, rerank_spec, rerank_problem
         self.dimensions = output_dimensions(spec)
         self._tokenizer = None
+        self._foreign_names: set[str] = set()
 
     # -- checks ---------------------------------------------------------------------------------
     def check_model(self, name: str | None, kind: str = "embed") -> str:
+        """The served model's name. A request naming another is served all the same, as TEI does (clients
+        send their own default names: LangChain's OpenAIEmbeddings, the cohere SDK); the answer names the
+        model that served it, and the first request with each other name is logged."""
         spec = self.spec if kind == "embed" else self.rerank_spec
         if spec is None:
             raise ApiError(424, "rerank_unavailable", self.rerank_problem)
-        if name is not None and name != spec.name:
-            raise ApiError(404, "model_not_found", f"the model {name!r} does not exist here; this gateway serves "
-                           f"{spec.name!r}", param="model")
+        if name is not None and name != spec.name and name not in self._foreign_names and len(self._foreign_names) < 64:
+            self._foreign_names.add(name)
+            log.warning("request names another model; the served one answers", asked=name[:200], served=spec.name)
         return spec.name
 
     def deadline(self, headers) -> float:
@@ -99,7 +111,7 @@ class Gateway:
 
     def _check_texts(self, texts: list[str], what: str) -> None:
         if not texts:
-            raise ApiError(422, "empty_input", f"{what} must not be empty", param=what)
+            raise ApiError(400, "empty_input", f"`{what}` cannot be empty", param=what)
         if len(texts) > self.options.max_inputs:
             raise ApiError(413, "too_many_inputs", f"{what} has {len(texts)} items, over the limit of "
                            f"{self.options.max_inputs} per request", param=what)
@@ -108,7 +120,8 @@ class Gateway:
             if len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit:
                 raise ApiError(413, "text_too_large", f"{what}[{i}] is over the limit of {limit} bytes", param=what)
             if not text.strip():
-                raise ApiError(422, "empty_text", f"{what}[{i}] is empty", param=what)
+                raise ApiError(400, "empty_text", f"{what}[{i}] is empty" + (" (only white space)" if text else ""),
+                               param=what)
 
     def _check_options(self, ask: EmbedAsk) -> None:
         try:
@@ -116,20 +129,35 @@ class Gateway:
         except EngineError as err:
             raise ApiError(422, err.code, err.message, param="dimensions") from None
 
-    def decode_token_ids(self, ids: list[list[int]]) -> list[str]:
-        """Token ids of the served model's own tokenizer back to text (vLLM's meaning of token-id input)."""
+    def decode_token_ids(self, ids: list[list[int]], what: str = "input") -> list[str]:
+        """Token ids of the served model's own tokenizer back to text (vLLM's meaning of token-id input;
+        TEI decodes them too): the text is then embedded as any other, with the model's special tokens."""
         if len(ids) > self.options.max_inputs:  # before decoding any of them
-            raise ApiError(413, "too_many_inputs", f"input has {len(ids)} items, over the limit of "
-                           f"{self.options.max_inputs} per request", param="input")
+            raise ApiError(413, "too_many_inputs", f"{what} has {len(ids)} items, over the limit of "
+                           f"{self.options.max_inputs} per request", param=what)
         vocab = self.tokenizer().get_vocab_size()
         for i, row in enumerate(ids):
             if not row:
-                raise ApiError(422, "empty_input", f"input[{i}] has no token ids", param="input")
+                raise ApiError(400, "empty_input", f"{what}[{i}] has no token ids", param=what)
             if min(row) < 0 or max(row) >= vocab:
-                raise ApiError(422, "invalid_token_id", f"input[{i}] has a token id outside 0..{vocab - 1} of "
+                raise ApiError(422, "invalid_token_id", f"{what}[{i}] has a token id outside 0..{vocab - 1} of "
                                f"{self.spec.name!r}'s tokenizer (LangChain: set check_embedding_ctx_length=False "
-                               "to send text)", param="input")
+                               "to send text)", param=what)
         return self._tokenizer.decode_batch(ids, skip_special_tokens=True)
+
+    def texts_of(self, inputs, what: str) -> list[str]:
+        """TEI's ``inputs`` (a text, token ids, or a list of either) as texts, ids decoded."""
+        if isinstance(inputs, str):
+            return [inputs]
+        if inputs and all(isinstance(x, int) for x in inputs):
+            return self.decode_token_ids([inputs], what)  # one input given as token ids
+        rows = [i for i, x in enumerate(inputs) if isinstance(x, list)]
+        if not rows:
+            return list(inputs)
+        texts = list(inputs)
+        for i, text in zip(rows, self.decode_token_ids([inputs[i] for i in rows], what)):
+            texts[i] = text
+        return texts
 
     def tokenizer(self):
         """The served model's fast tokenizer (loaded on first use: the gateway holds no weights)."""
@@ -152,9 +180,12 @@ class Gateway:
         lanes = self._connected()
         sent = now_ms()
         expires = sent + int(max(0.0, deadline - time.monotonic()) * 1000)
+        truncate = self.options.auto_truncate if ask.truncate is None else ask.truncate
         requests = [QueryRequest(request_id=uuid.uuid4().hex, text=text, model=self.spec.name, dimensions=ask.dimensions,
-                                 prompt=ask.prompt, normalize=ask.normalize, truncate=ask.truncate, sparse=ask.sparse,
-                                 reply_to=lanes.reply_topic, deadline_ms=expires, sent_at_ms=sent)
+                                 prompt=ask.prompt, normalize=ask.normalize, truncate=truncate, sparse=ask.sparse,
+                                 token_embeddings=ask.token_embeddings, truncation_direction=ask.truncation_direction,
+                                 max_tokens=ask.max_tokens, reply_to=lanes.reply_topic, deadline_ms=expires,
+                                 sent_at_ms=sent)
                     for text in ask.texts]
         replies = await lanes.call("embed", self.settings.kafka.topic_queries, requests, QueryReply, deadline)
         for i, reply in enumerate(replies):
@@ -163,21 +194,24 @@ class Gateway:
                 raise ApiError(err.status, err.code, f"{what}[{i}]: {err.message}", param=what)
         vectors = np.asarray([r.embedding for r in replies], dtype=np.float32)
         return Embedded(vectors, [r.tokens or 0 for r in replies], slowest([r.timings_ms for r in replies]),
-                        [r.sparse for r in replies] if ask.sparse else [])
+                        [r.sparse for r in replies] if ask.sparse else [],
+                        [r.token_state_array() for r in replies] if ask.token_embeddings else [])
 
-    async def rerank(self, query: str, documents: list[str], top_n: int | None, deadline: float) -> RerankReply:
+    async def rerank(self, query: str, documents: list[str], top_n: int | None, deadline: float,
+                     what: str = "texts", max_tokens_per_doc: int | None = None) -> RerankReply:
         self.check_model(None, "rerank")
         if not documents:
-            raise ApiError(422, "no_candidates", "documents must not be empty", param="documents")
+            raise ApiError(400, "no_candidates", f"`{what}` cannot be empty", param=what)
         if len(documents) > self.options.max_documents:
-            raise ApiError(413, "too_many_candidates", f"{len(documents)} documents, over the limit of "
-                           f"{self.options.max_documents} per request", param="documents")
+            raise ApiError(413, "too_many_candidates", f"{len(documents)} {what}, over the limit of "
+                           f"{self.options.max_documents} per request", param=what)
         lanes = self._connected()
         sent = now_ms()
         request = RerankRequest(
             request_id=uuid.uuid4().hex, query=query, model=self.rerank_spec.name,
             candidates=[Candidate(id=str(i), text=text) for i, text in enumerate(documents)],
-            top_n=min(top_n or len(documents), len(documents)), reply_to=lanes.reply_topic,
+            top_n=min(top_n or len(documents), len(documents)), max_tokens_per_doc=max_tokens_per_doc,
+            reply_to=lanes.reply_topic,
             deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), sent_at_ms=sent)
         (reply,) = await lanes.call("rerank", self.settings.kafka.topic_rerank, [request], RerankReply, deadline)
         if reply.error is not None:
@@ -193,7 +227,8 @@ class Gateway:
                                     deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), **fields)
         except ValidationError as exc:
             raise invalid(exc) from None
-        (reply,) = await lanes.call("rerank", self.settings.kafka.topic_search, [request], SearchReply, deadline)
+        topic, request = route(self.settings.kafka, self.settings.qdrant.collection, request)  # its collection's owner
+        (reply,) = await lanes.call("search", topic, [request], SearchReply, deadline)
         if reply.error is not None:
             raise ApiError.from_worker(reply.error)
         return reply
@@ -204,8 +239,15 @@ class Gateway:
         engine = self.settings.engine
         out = {
             "model_id": self.spec.name,
-            "model_type": {"embedding": {"pooling": self.spec.pooling}},
+            "model_sha": None,
             "model_dtype": engine.precision,
+            "served_model_name": self.spec.name,
+            "model_type": {"embedding": {"pooling": self.spec.pooling}},
+            "auto_truncate": self.options.auto_truncate,
+            # TEI's router tokenizes; here each embed worker does, in its one intake stage
+            "tokenization_workers": 1,
+            "sha": None,
+            "docker_label": None,
             "dimensions": self.dimensions,
             "matryoshka_dimensions": list(self.spec.matryoshka_dims),
             "normalize": self.spec.normalize,
@@ -217,7 +259,7 @@ class Gateway:
             "max_body_bytes": self.options.max_body_bytes,
             "max_text_bytes": engine.max_text_bytes,
             "topics": {"queries": self.settings.kafka.topic_queries, "rerank": self.settings.kafka.topic_rerank,
-                       "search": self.settings.kafka.topic_search,
+                       "search": search_topic(self.settings.kafka, self.settings.qdrant.collection),
                        "replies": self.options.reply_topic or self.settings.kafka.topic_replies},
             "version": version,
         }

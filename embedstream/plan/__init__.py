@@ -31,6 +31,14 @@ Stages (one request)
     throughput), else from a built-in default. $ per 1M requests for a stage = ms × price per
     device-hour ÷ 3.6e6 (price per device-ms) × 1e6. Queue wait holds no device and costs $0.
 
+Autoscaling (``--lag-thresholds``, :mod:`.autoscale`)
+    KEDA's kafka scaler runs ceil(lag ÷ lagThreshold) workers per lane. lagThreshold = floor(records/s one
+    worker sustains × headroom × drain seconds), at least 1: the worker count that drains the backlog in
+    about the lane's drain time (``--drain-s``, default online 2, bulk 300, rerank 2, cdc 10). A record is
+    a chunk (``--tokens`` tokens at ``--tokens-per-s``), a query (``--texts-per-s``), a rerank or search
+    request (``--candidates`` pairs at ``--pairs-per-s``) or a change event (``--events-per-s``).
+    ``--helm-values FILE`` writes them in the chart's values layout (deploy/helm/embedstream).
+
 Bench file (``--from-bench FILE``)
     A JSON object with any of these keys (numbers > 0, per device); other keys are ignored::
 
@@ -66,10 +74,13 @@ from embedstream.plan.arithmetic import (
     plan_storage,
     vector_bytes,
 )
+from embedstream.plan.autoscale import AutoscaleInputs, AutoscalePlan, parse_drain_s, plan_autoscaling
 from embedstream.plan.inputs import BENCH_KEYS, BenchThroughput, PlanError, load_bench, parse_mrl, parse_stage_ms
-from embedstream.plan.render import indexing_line, render, serving_line, stages_line, storage_line
+from embedstream.plan.render import autoscaling_line, indexing_line, render, serving_line, stages_line, storage_line
 
 __all__ = [
+    "AutoscaleInputs",
+    "AutoscalePlan",
     "BENCH_KEYS",
     "DEFAULT_STAGE_MS",
     "DTYPE_BYTES",
@@ -88,11 +99,14 @@ __all__ = [
     "StoragePlan",
     "StorageRow",
     "build_plan",
+    "autoscaling_line",
     "ceil_devices",
     "indexing_line",
     "load_bench",
+    "parse_drain_s",
     "parse_mrl",
     "parse_stage_ms",
+    "plan_autoscaling",
     "plan_indexing",
     "plan_serving",
     "plan_stages",

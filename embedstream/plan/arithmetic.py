@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from embedstream.plan.autoscale import AutoscaleInputs, AutoscalePlan, parse_drain_s, plan_autoscaling
 from embedstream.plan.inputs import (
     STAGES,
     BenchThroughput,
@@ -310,6 +311,7 @@ class Plan:
     storage: Optional[StoragePlan] = None
     stages: Optional[StagePlan] = None
     bench: Optional[BenchThroughput] = None
+    autoscaling: Optional[AutoscalePlan] = None
 
 
 def build_plan(
@@ -329,9 +331,14 @@ def build_plan(
     mrl: Optional[str] = None,
     from_bench: Optional[str | Path] = None,
     stage_ms: Optional[str] = None,
+    lag_thresholds: bool = False,
+    events_per_s: Optional[float] = None,
+    drain_s: Optional[str] = None,
+    online_tokens_per_s: Optional[float] = None,
 ) -> Plan:
     """All sections the given options ask for: indexing (--chunks), serving and the per-request
-    stage table (--qps), storage (--vectors), the stage table alone (--stage-ms)."""
+    stage table (--qps), storage (--vectors), the stage table alone (--stage-ms), KEDA's lag
+    thresholds per lane (--lag-thresholds)."""
     bench = load_bench(from_bench) if from_bench is not None else None
     checked_number(price_per_device_hour, "--price-per-device-hour", allow_zero=True)
     checked_number(devices, "--devices", integer=True)
@@ -340,9 +347,11 @@ def build_plan(
     pairs_s, pairs_src = resolve_throughput(pairs_per_s, bench, "pairs_per_s", "--pairs-per-s")
     texts_s, texts_src = resolve_throughput(texts_per_s, bench, "texts_per_s", "--texts-per-s")
 
-    if chunks is None and vectors is None and qps is None and stage_ms is None:
-        raise PlanError("nothing to plan: give --chunks (indexing), --qps (serving), --vectors (storage) "
-                        "or --stage-ms (per-request stages); see --help")
+    if chunks is None and vectors is None and qps is None and stage_ms is None and not lag_thresholds:
+        raise PlanError("nothing to plan: give --chunks (indexing), --qps (serving), --vectors (storage), "
+                        "--stage-ms (per-request stages) or --lag-thresholds (autoscaling); see --help")
+    if drain_s is not None and not lag_thresholds:
+        raise PlanError("--drain-s sets the lag thresholds' drain times: give --lag-thresholds too")
 
     indexing = None
     if chunks is not None:
@@ -351,8 +360,8 @@ def build_plan(
         if tok_s is None:
             raise PlanError("indexing needs a throughput: " + missing_throughput("tokens_per_s", "--tokens-per-s", bench))
         indexing = plan_indexing(IndexingInputs(chunks, tokens, tok_s, devices, price_per_device_hour, tok_src))
-    elif tokens is not None:
-        raise PlanError("--tokens is tokens per chunk for indexing: give --chunks too")
+    elif tokens is not None and not lag_thresholds:
+        raise PlanError("--tokens is tokens per chunk for indexing or --lag-thresholds: give --chunks too")
 
     serving = None
     if qps is not None:
@@ -374,5 +383,9 @@ def build_plan(
     if stage_ms is not None or qps is not None:
         stages = plan_stages(StageInputs(parse_stage_ms(stage_ms), price_per_device_hour, candidates,
                                          texts_s, pairs_s))
-    return Plan(indexing, serving, storage, stages, bench)
+    autoscaling = None
+    if lag_thresholds:
+        autoscaling = plan_autoscaling(AutoscaleInputs(tokens, tok_s, texts_s, pairs_s, events_per_s, online_tokens_per_s,
+                                                       candidates, headroom, parse_drain_s(drain_s)))
+    return Plan(indexing, serving, storage, stages, bench, autoscaling)
 

@@ -31,16 +31,35 @@ def plan_command(
         help='JSON object {"tokens_per_s", "pairs_per_s", "texts_per_s"} (any subset, per device); flags override it'),
     stage_ms: Optional[str] = typer.Option(
         None, "--stage-ms", help="Per-request ms as STAGE=MS, stages queue, embed, search, rerank, llm; e.g. embed=5,search=4,rerank=40"),
+    lag_thresholds: bool = typer.Option(
+        False, "--lag-thresholds", help="Autoscaling: KEDA lagThreshold per lane and topic from the measured throughputs "
+                                        "(per worker) and --tokens, --candidates, --events-per-s"),
+    events_per_s: Optional[float] = typer.Option(None, "--events-per-s", help="Autoscaling: measured CDC bridge change events/s per worker"),
+    online_tokens_per_s: Optional[float] = typer.Option(
+        None, "--online-tokens-per-s", help="Autoscaling: measured tokens/s of an online-lane worker (its threads and "
+                                           "precision; default --tokens-per-s)"),
+    drain_s: Optional[str] = typer.Option(
+        None, "--drain-s", help="Autoscaling: seconds a lane's backlog may take to drain, LANE=S for online, bulk, "
+                                "rerank, cdc (default online=2,bulk=300,rerank=2,cdc=10)"),
+    helm_values: Optional[Path] = typer.Option(
+        None, "--helm-values", help="Autoscaling: also write the thresholds as a Helm values file "
+                                    "(helm install -f FILE; implies --lag-thresholds)"),
 ) -> None:
-    """Indexing time and cost, serving device counts, vector storage and per-stage request latency/cost."""
+    """Indexing time and cost, serving device counts, vector storage, per-stage request latency/cost and KEDA lag thresholds."""
     try:
         plan = build_plan(
             chunks=chunks, tokens=tokens, tokens_per_s=tokens_per_s, devices=devices,
             price_per_device_hour=price_per_device_hour, qps=qps, candidates=candidates,
             pairs_per_s=pairs_per_s, texts_per_s=texts_per_s, headroom=headroom, vectors=vectors,
             dims=dims, mrl=mrl, from_bench=from_bench, stage_ms=stage_ms,
+            lag_thresholds=lag_thresholds or helm_values is not None, events_per_s=events_per_s, drain_s=drain_s,
+            online_tokens_per_s=online_tokens_per_s,
         )
+        if helm_values is not None:
+            plan.autoscaling.write_values(helm_values)
     except PlanError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     render(plan)
+    if helm_values is not None:
+        typer.echo(f"wrote {helm_values}: helm upgrade --install ... -f {helm_values}")

@@ -131,8 +131,10 @@ def parse_mrl(text: Optional[str], dims: Optional[int] = None) -> tuple[int, ...
     return tuple(out)
 
 
-def parse_stage_ms(text: Optional[str]) -> dict[str, float]:
-    """'embed=5,search=4,rerank=40' -> {'embed': 5.0, ...}. Stages: queue, embed, search, rerank, llm."""
+def parse_named_numbers(text: Optional[str], flag: str, known: tuple[str, ...], example: str, *,
+                        noun: str, form: str, unit: str, aliases: Optional[dict[str, str]] = None,
+                        allow_zero: bool = True) -> dict[str, float]:
+    """'a=5,b=4' -> {'a': 5.0, 'b': 4.0}: ``noun`` names from ``known`` (or an alias of one), finite numbers."""
     if text is None or not text.strip():
         return {}
     out: dict[str, float] = {}
@@ -142,15 +144,20 @@ def parse_stage_ms(text: Optional[str]) -> dict[str, float]:
             continue
         name, sep, value = part.partition("=")
         name = name.strip().lower()
-        name = STAGE_ALIASES.get(name, name)
+        name = (aliases or {}).get(name, name)
         if not sep:
-            raise PlanError(f"--stage-ms: {part!r} must be STAGE=MS, e.g. \"embed=5,search=4,rerank=40\"")
-        if name not in STAGES:
-            raise PlanError(f"--stage-ms: unknown stage {name!r} (known: {', '.join(STAGES)})")
+            raise PlanError(f"{flag}: {part!r} must be {form}, e.g. \"{example}\"")
+        if name not in known:
+            raise PlanError(f"{flag}: unknown {noun} {name!r} (known: {', '.join(known)})")
         try:
-            ms = float(value)
+            number = float(value)
         except ValueError:
-            raise PlanError(f"--stage-ms: {name}={value.strip()!r} is not a number of milliseconds") from None
-        out[name] = checked_number(ms, f"--stage-ms {name}", allow_zero=True)
+            raise PlanError(f"{flag}: {name}={value.strip()!r} is not {unit}") from None
+        out[name] = checked_number(number, f"{flag} {name}", allow_zero=allow_zero)
     return out
 
+
+def parse_stage_ms(text: Optional[str]) -> dict[str, float]:
+    """'embed=5,search=4,rerank=40' -> {'embed': 5.0, ...}. Stages: queue, embed, search, rerank, llm."""
+    return parse_named_numbers(text, "--stage-ms", STAGES, "embed=5,search=4,rerank=40", noun="stage",
+                               form="STAGE=MS", unit="a number of milliseconds", aliases=STAGE_ALIASES)

@@ -9,6 +9,7 @@ import math
 
 from embedstream import logs
 from embedstream.plan.arithmetic import IndexingPlan, Plan, ServingPlan, StagePlan, StoragePlan
+from embedstream.plan.autoscale import AutoscalePlan
 from embedstream.plan.inputs import BENCH_KEYS
 
 #: dtypes printed in the storage table (int8 and uint8 share a row: same size).
@@ -107,6 +108,13 @@ def stages_line(p: StagePlan) -> str:
             f"{_money(p.total_cost_per_million)} device time per 1M requests")
 
 
+def autoscaling_line(p: AutoscalePlan) -> str:
+    known = [r for r in p.rows if r.lag_threshold is not None]
+    lanes = ", ".join(f"{r.topic.values_key}.{r.topic.topic_key} {r.lag_threshold:,}" for r in known) or "none known"
+    return (f"autoscaling: KEDA lagThreshold (records of lag per worker, a backlog drained in the lane's drain time "
+            f"at {p.inputs.headroom:.0%} headroom): {lanes}")
+
+
 def render(plan: Plan, console=None) -> None:
     """Print the plan: one summary line per section, then its table."""
     from rich.table import Table
@@ -179,4 +187,24 @@ def render(plan: Plan, console=None) -> None:
         t.caption = (f"$ = ms × {_money(p.inputs.price_per_device_hour)}/device-hour ÷ 3.6e6 per device-ms, "
                      "one request holding one device for its stage")
         console.print(t)
+
+    if plan.autoscaling is not None:
+        p = plan.autoscaling
+        say(autoscaling_line(p))
+        t = Table(title="autoscaling: KEDA lagThreshold per lane and topic", title_justify="left")
+        for col in ("lane (chart values)", "topic", "one record", "records/s per worker", "drain s", "lagThreshold"):
+            t.add_column(col, justify="left" if col in ("lane (chart values)", "topic", "one record") else "right",
+                         no_wrap=True)
+        for row in p.rows:
+            if row.lag_threshold is None:
+                t.add_row(row.topic.values_key, row.topic.topic_key, row.topic.record, "?", _num(row.drain_s), "?")
+            else:
+                t.add_row(row.topic.values_key, row.topic.topic_key, row.topic.record,
+                          _sig3(row.records_per_s), _num(row.drain_s), f"{row.lag_threshold:,}")
+        t.caption = ("lagThreshold = floor(measured per worker × headroom ÷ cost of a record × drain s), at least 1; "
+                     "KEDA runs ceil(lag ÷ lagThreshold) workers")
+        console.print(t)
+        for row in p.rows:
+            if row.lag_threshold is None:
+                say(f"note: {row.topic.values_key} {row.topic.topic_key} unknown: {row.missing}")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import FUSIONS, AnySpec, FilterValue, Point, Prefetch, SparseSpec, SparseVector, VectorSpec, normalize_id
+from .base import AnySpec, FilterValue, Point, SparseSpec, SparseVector, VectorSpec, normalize_id
 
 
 def prepare_vector(vname: str, vector: Any, spec: VectorSpec) -> np.ndarray:
@@ -39,24 +39,6 @@ def prepare_sparse(vname: str, vector: Any) -> SparseVector:
         return SparseVector.of(vector.indices, vector.values)
     except AttributeError:
         raise ValueError(f"vector {vname!r} is sparse: give a SparseVector, got {type(vector).__name__}") from None
-
-
-def check_fused(prefetch: Sequence[Prefetch], top_k: int, fusion: str, specs: Mapping[str, AnySpec],
-                collection: str) -> None:
-    """A fused search's inputs: a positive top_k, a known fusion, at least one prefetch, names the
-    collection has, sparse vectors for sparse names only, positive limits."""
-    check_top_k(top_k)
-    if fusion not in FUSIONS:
-        raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
-    if not prefetch:
-        raise ValueError("a fused search needs at least one prefetch")
-    for p in prefetch:
-        spec = check_vector_name(specs, p.vector_name, collection)
-        if isinstance(spec, SparseSpec) != isinstance(p.vector, SparseVector):
-            raise ValueError(f"vector {p.vector_name!r} is {'sparse' if isinstance(spec, SparseSpec) else 'dense'}; "
-                             f"the prefetch gives a {type(p.vector).__name__}")
-        if int(p.limit) <= 0:
-            raise ValueError(f"prefetch limit must be positive, got {p.limit!r}")
 
 
 def prepare_point(point: Point, specs: Mapping[str, AnySpec]) -> tuple[str, dict[str, Any]]:

@@ -31,8 +31,6 @@ QUANTIZATIONS: tuple[str | None, ...] = (None, "scalar", "binary")
 #: A filter value: equality for a scalar, "any of" for a list.
 FilterValue = Union[str, int, float, bool, Sequence[Union[str, int]]]
 VectorLike = Union[Sequence[float], np.ndarray, SparseVector]
-Fusion = Literal["rrf", "dbsf"]
-FUSIONS: tuple[str, ...] = ("rrf", "dbsf")
 SPARSE_MODIFIERS: tuple[str | None, ...] = (None, "idf")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -148,12 +146,6 @@ def sparse_specs(specs: Mapping[str, AnySpec]) -> dict[str, SparseSpec]:
     return {name: spec for name, spec in specs.items() if isinstance(spec, SparseSpec)}
 
 
-class FusionUnsupported(VectorStoreError):
-    """The store cannot fuse several searches server-side."""
-
-    code = "fusion_unsupported"
-
-
 @dataclass
 class Point:
     """One stored item: a UUID string id, one vector per name, a JSON payload.
@@ -183,8 +175,7 @@ class Prefetch:
 
     Retrieve ``limit`` candidates by ``vector`` on the (small, cheap)
     ``vector_name``; the outer search then rescores only those candidates on
-    its own (full) vector, or fuses several prefetches (:meth:`VectorStore.fused_search`).
-    ``vector`` is a :class:`SparseVector` for a sparse ``vector_name``.
+    its own (full) vector.
     """
 
     vector_name: str
@@ -274,6 +265,11 @@ class VectorStore(ABC):
         """Insert or replace points by id (idempotent: re-sending a batch is harmless)."""
 
     @abstractmethod
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+        """Replace the whole payload of each point (id -> its new payload) in one request, its vectors
+        kept. An id with no point is skipped: a payload write never creates a point."""
+
+    @abstractmethod
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
         """Delete points by id; unknown ids are ignored."""
 
@@ -303,6 +299,11 @@ class VectorStore(ABC):
         """
 
     @abstractmethod
+    def get_vectors(self, name: str, ids: Sequence[str], vector_name: str) -> dict[str, Any]:
+        """The ``vector_name`` vectors of the points with these ids, in one round trip: canonical id -> vector
+        (as stored: uint8 ones as their integers, or L2-normalised by ``:memory:``). Ids with no point are left out."""
+
+    @abstractmethod
     def search(
         self,
         name: str,
@@ -318,19 +319,6 @@ class VectorStore(ABC):
         With ``prefetch`` the candidates come from the prefetch stages and are
         rescored on ``vector_name``.
         """
-
-    def fused_search(
-        self,
-        name: str,
-        prefetch: Sequence[Prefetch],
-        top_k: int,
-        fusion: Fusion = "rrf",
-        filter: Mapping[str, FilterValue] | None = None,
-    ) -> list[Hit]:
-        """Run every prefetch (each its own vector, dense or sparse, and limit), fuse the lists in
-        the store (``rrf``: reciprocal rank fusion; ``dbsf``: distribution-based score fusion) and
-        return the ``top_k`` best, ``vector_name`` ``"fusion"``. The filter applies to every prefetch."""
-        raise FusionUnsupported(f"{type(self).__name__} cannot fuse searches")
 
     # ---- aliases -------------------------------------------------------------------
     @abstractmethod

@@ -53,7 +53,6 @@ from embedstream import logs
 
 from ._rwlock import RWLock
 from ._util import (
-    check_fused,
     check_top_k,
     check_vector_name,
     prepare_batch,
@@ -118,7 +117,6 @@ def _quantization(kind: str | None) -> Any:
 
 
 _MODIFIER = {None: None, "idf": qe.Modifier.Idf}
-_FUSION = {"rrf": lambda: qe.Fusion.Rrf(k=60), "dbsf": qe.Fusion.Dbsf}  # k=60: Qdrant's own RRF default
 
 
 def _edge_vector(vector: Any) -> Any:
@@ -418,6 +416,18 @@ class EdgeStore(VectorStore):
         with self._rw.read(), self._write_mutex:
             self._shard(col).update(op)
 
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+        """Synchronous, as :meth:`upsert`; an id with no point matches nothing (a has_id filter)."""
+        if not payloads:
+            return
+        col = self.resolve(name)
+        ops = [qe.UpdateOperation.overwrite_payload_by_filter(qe.Filter(must=[qe.HasIdCondition({normalize_id(pid)})]),
+                                                              dict(payload)) for pid, payload in payloads.items()]
+        with self._rw.read(), self._write_mutex:
+            shard = self._shard(col)
+            for op in ops:
+                shard.update(op)
+
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
         if not ids:
             return
@@ -472,6 +482,16 @@ class EdgeStore(VectorStore):
             records = self._shard(col).retrieve(pids, with_payload=True, with_vector=False)
         return {normalize_id(r.id): dict(r.payload or {}) for r in records}
 
+    def get_vectors(self, name: str, ids: Sequence[str], vector_name: str) -> dict[str, Any]:
+        if not ids:
+            return {}
+        col = self.resolve(name)
+        check_vector_name(self._load_specs(col), vector_name, col)
+        pids = list(dict.fromkeys(normalize_id(i) for i in ids))
+        with self._rw.read():
+            records = self._shard(col).retrieve(pids, with_payload=False, with_vector=[vector_name])
+        return {normalize_id(r.id): _from_edge(r.vector[vector_name]) for r in records if vector_name in (r.vector or {})}
+
     def search(
         self,
         name: str,
@@ -520,36 +540,6 @@ class EdgeStore(VectorStore):
             Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name=vector_name)
             for r in res
         ]
-
-    def fused_search(
-        self,
-        name: str,
-        prefetch: Sequence[Prefetch],
-        top_k: int,
-        fusion: str = "rrf",
-        filter: Mapping[str, FilterValue] | None = None,
-    ) -> list[Hit]:
-        """One Query API call: every prefetch on its own vector, fused by the engine."""
-        col = self.resolve(name)
-        specs = self._load_specs(col)
-        check_fused(prefetch, top_k, fusion, specs, col)
-        flt = _build_filter(filter)
-        req = qe.QueryRequest(
-            limit=top_k,
-            query=_FUSION[fusion](),
-            prefetches=[
-                qe.Prefetch(limit=int(p.limit), query=qe.Query.Nearest(_query_vector(p.vector), using=p.vector_name),
-                            filter=flt, params=_params_for(specs[p.vector_name]))
-                for p in prefetch
-            ],
-            filter=flt,
-            with_payload=True,
-            with_vector=False,
-        )
-        with self._rw.read():
-            res = self._shard(col).query(req)
-        return [Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name="fusion")
-                for r in res]
 
     # ---- aliases ---------------------------------------------------------------------
     def _read_aliases(self) -> dict[str, str]:

@@ -15,7 +15,6 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from ._util import (
-    check_fused,
     check_top_k,
     check_vector_name,
     prepare_batch,
@@ -58,7 +57,6 @@ _DATATYPE_TO_QDRANT = {
 _DATATYPE_FROM_QDRANT = {v: k for k, v in _DATATYPE_TO_QDRANT.items()}
 
 _MODIFIER_TO_QDRANT = {None: None, "idf": models.Modifier.IDF}
-_FUSION_TO_QDRANT = {"rrf": models.Fusion.RRF, "dbsf": models.Fusion.DBSF}
 _SCROLL_PAGE = 1024
 
 
@@ -311,6 +309,25 @@ class QdrantClientStore(VectorStore):
         ]
         self.client.upsert(collection_name=name, points=structs, wait=wait)
 
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+        if not payloads:
+            return
+        wanted = {normalize_id(pid): dict(payload) for pid, payload in payloads.items()}
+        if self.is_local:  # a filter is a scan of every point there: select the points that exist by id
+            existing = self.get_payloads(name, list(wanted))
+            ops = [models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(payload=payload, points=[pid]))
+                   for pid, payload in wanted.items() if pid in existing]
+        else:  # a has_id filter (indexed) matches nothing for an id with no point, where a points list fails
+            ops = [models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(
+                payload=payload, filter=models.Filter(must=[models.HasIdCondition(has_id=[pid])])))
+                for pid, payload in wanted.items()]
+        if not ops:
+            return
+        try:
+            self.client.batch_update_points(collection_name=name, update_operations=ops, wait=wait)
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
         if not ids:
             return
@@ -374,6 +391,18 @@ class QdrantClientStore(VectorStore):
             raise self._not_found(name, exc) from exc
         return {normalize_id(r.id): dict(r.payload or {}) for r in records}
 
+    def get_vectors(self, name: str, ids: Sequence[str], vector_name: str) -> dict[str, Any]:
+        if not ids:
+            return {}
+        check_vector_name(self._cached_specs(name), vector_name, name)
+        pids = list(dict.fromkeys(normalize_id(i) for i in ids))
+        try:
+            records = self.client.retrieve(collection_name=name, ids=pids, with_payload=False, with_vectors=[vector_name])
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+        return {normalize_id(r.id): _from_qdrant(r.vector[vector_name]) for r in records
+                if isinstance(r.vector, dict) and vector_name in r.vector}
+
     def search(
         self,
         name: str,
@@ -420,38 +449,6 @@ class QdrantClientStore(VectorStore):
             Hit(id=normalize_id(p.id), score=float(p.score), payload=dict(p.payload or {}), vector_name=vector_name)
             for p in res.points
         ]
-
-    def fused_search(
-        self,
-        name: str,
-        prefetch: Sequence[Prefetch],
-        top_k: int,
-        fusion: str = "rrf",
-        filter: Mapping[str, FilterValue] | None = None,
-    ) -> list[Hit]:
-        """One Query API call: the prefetches run and are fused by Qdrant (``FusionQuery``)."""
-        specs = self._cached_specs(name)
-        check_fused(prefetch, top_k, fusion, specs, name)
-        flt = _build_filter(filter)
-
-        def params(spec: Any) -> models.SearchParams | None:
-            return None if self.is_local else _search_params(spec)
-
-        try:
-            res = self.client.query_points(
-                collection_name=name,
-                prefetch=[models.Prefetch(query=_to_qdrant(p.vector), using=p.vector_name, limit=int(p.limit),
-                                          filter=flt, params=params(specs[p.vector_name])) for p in prefetch],
-                query=models.FusionQuery(fusion=_FUSION_TO_QDRANT[fusion]),
-                query_filter=flt,
-                limit=top_k,
-                with_payload=True,
-                with_vectors=False,
-            )
-        except Exception as exc:
-            raise self._not_found(name, exc) from exc
-        return [Hit(id=normalize_id(p.id), score=float(p.score), payload=dict(p.payload or {}), vector_name="fusion")
-                for p in res.points]
 
     # ---- aliases ---------------------------------------------------------------------
     def list_aliases(self) -> dict[str, str]:

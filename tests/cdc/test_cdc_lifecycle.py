@@ -61,9 +61,12 @@ def test_a_tables_life_ends_as_the_table(kafka_bootstrap, cdc_table, minilm_engi
         rig.settle()
         assert rig.state() == expected()
         assert len([p for p in rig.state().values() if p[0] == "3"]) == 2
-        assert rig.engine.take() == Counter([f"2/{changed[0]}"] + [f"4/{c}" for c in range(
-            len(chunker.chunk("Guide 4\n\n" + body(1, 3))))]), "only the edited chunk and the re-labelled document"
-        assert rig.worker.metrics.chunks_unchanged.labels(lane="online")._value.get() == 3 + 2 + 4
+        assert rig.engine.take() == Counter([f"2/{changed[0]}"]), "only the edited chunk (the re-labelled document: none)"
+        avoided = rig.worker.metrics.forward_passes_avoided
+        relabelled = len(chunker.chunk("Guide 4\n\n" + body(1, 3)))
+        assert avoided.labels(lane="online", reason="unchanged")._value.get() == 3 + 2 + 4
+        assert avoided.labels(lane="online", reason="metadata")._value.get() == relabelled
+        assert rig.worker.metrics.payload_updates.labels(lane="online")._value.get() == relabelled
 
         table.sql("DELETE FROM {t} WHERE id IN (1, 3)")
         final = rig.reaches(expected())

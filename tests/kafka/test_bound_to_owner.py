@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import ports
 import pytest
 from process_rig import command_env, command_line, leftovers, popen, wait_until
 
@@ -28,8 +29,8 @@ from embedstream.devkafka import leash
 
 pytestmark = pytest.mark.kafka
 
-BASE = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092"))
-PORT, PG_PORT = BASE + 600, BASE + 700  # ports no other broker or rig of the run uses (the broker takes PORT + 1 too)
+PORT = ports.port(ports.BOUND_TO_OWNER)  # the broker takes PORT + 1 too
+PG_PORT = PORT + 2
 
 CHILD = """
 import subprocess, sys, time

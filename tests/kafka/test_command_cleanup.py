@@ -7,14 +7,14 @@ returns, no process it started is left (``process_rig.leftovers``: the marker in
 
 from __future__ import annotations
 
-import os
 
 import pytest
+import ports
 from process_rig import command_env, leftovers, run
 
 pytestmark = pytest.mark.kafka
 
-PORT = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 500  # a port no broker or rig of the run uses
+PORT = ports.port(ports.COMMAND_CLEANUP)
 
 COMMANDS = {
     "bench transport": ["bench", "transport", "--count", "3"],

@@ -7,7 +7,6 @@ empty ~/.m2); afterwards each start is a JVM boot (~10-15 s on 2 cores).
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import uuid
@@ -15,6 +14,8 @@ import uuid
 import pytest
 
 from embedstream import devkafka
+
+import ports
 
 kafka = pytest.importorskip("kafka")
 
@@ -31,7 +32,7 @@ def _free_port_pair() -> int:
     Starts above this run's shared broker (``EMBEDSTREAM_TEST_KAFKA_PORT`` and the next port), so
     parallel runs with their own ports do not race for the same pair.
     """
-    start = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 2
+    start = ports.port(ports.DEVKAFKA)
     stop = start + 300
     for port in range(start, stop, 2):
         if all(_bindable(p) for p in (port, port + 1)):

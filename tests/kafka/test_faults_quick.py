@@ -54,7 +54,7 @@ def test_finished_work_is_committed_when_partitions_are_revoked(kafka_bootstrap,
         while batch := worker.next_batch():
             _compute_and_write(worker, batch)  # written to the store, not committed yet
         assert store.count(settings.qdrant.collection) == len(events) and progress.committed() == 0
-        other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
+        other = _member(settings, group)
         _second_member_takes_a_partition(worker, other, topic)
         assert progress.committed() == len(events), "finished work was not committed on revocation"
     finally:
@@ -107,8 +107,9 @@ def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(k
     """Eager rebalance: every partition is revoked (queued work dropped), then some come back to the same
     member. kafka-python keeps a returning partition's fetch position, so the lane rewinds it to its first
     unfinished record; without that the dropped records were never seen again."""
-    settings, topic, group, events, store, worker = _bulk_backlog(kafka_bootstrap, minilm_engine, "rewind", "w")
-    other = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
+    settings, topic, group, events, store, worker = _bulk_backlog(kafka_bootstrap, minilm_engine, "rewind", "w",
+                                                                  group_protocol="eager")
+    other = _member(settings, group)
     try:
         _queue_everything(worker, len(events))  # nothing processed or committed
         _second_member_takes_a_partition(worker, other, topic)  # revoked both, got one back: its queue dropped
@@ -124,11 +125,20 @@ def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(k
         worker.close()
 
 
-def _bulk_backlog(kafka_bootstrap, engine, name: str, tag: str):
+def _member(settings, group: str) -> KafkaConsumer:
+    """Another member of the worker's group, rebalancing as the worker does (``group_protocol``)."""
+    from embedstream.workers.kafka_io import kafka_python_rebalancing
+
+    return KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False,
+                         **kafka_python_rebalancing(settings.kafka))
+
+
+def _bulk_backlog(kafka_bootstrap, engine, name: str, tag: str, **kafka_changes):
     """40 chunks on a 2-partition bulk topic and a bulk worker (not started) over a memory store."""
     from embedstream.workers.runtime import build_embed_worker
 
     settings = isolated_settings(kafka_bootstrap, name)
+    settings.kafka = settings.kafka.model_copy(update=kafka_changes)
     ensure_topics(settings.kafka, partitions=2)
     topic, group = settings.kafka.topic_chunks_bulk, settings.kafka.group_bulk
     events = _chunk_events(40, tag)

@@ -7,15 +7,16 @@ rerank), httpx for the TEI shapes and /search; refusals next to good requests; o
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
-import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
 from conftest import isolated_settings, make_engine, memory_store, wait_for
+from gateway_rig import MODEL, background_gateway, gateway_stack
+from gateway_rig import cos as _cos
+from gateway_rig import engine_vectors as _engine_vectors
 from worker_rig import RunningWorker
 
 from embedstream.corpus import stdlib_paragraphs
@@ -23,29 +24,9 @@ from embedstream.config import ModelConfig
 from embedstream.engine.engine import EmbedRequest, ScoreRequest
 from embedstream.engine.postprocess import quantize
 from embedstream.gateway import GatewayOptions
-from embedstream.gateway.server import BackgroundGateway
 from embedstream.producers.topics import ensure_topics
-from embedstream.schemas import ChunkEvent
-from embedstream.vectorstore.factory import open_store
-from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
-from embedstream.workers.search import Searcher
-from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
 pytestmark = pytest.mark.kafka
-
-MODEL = "all-MiniLM-L6-v2"
-
-
-@contextlib.contextmanager
-def _in_thread(worker):
-    """Any worker loop (here the rerank worker) running in a daemon thread for the test's duration."""
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -56,32 +37,8 @@ def ce_engine(tiny_ce_dir):
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap, minilm_engine, ce_engine, tiny_ce_dir, tiny_bert_dir):
     """Gateway + online embed worker (MiniLM) + rerank worker (tiny cross-encoder, search over a tiny-bert index)."""
-    settings = isolated_settings(kafka_bootstrap, "gw")
-    settings.models["tiny-ce"] = ModelConfig(path=str(tiny_ce_dir), kind="rerank")
-    ensure_topics(settings.kafka, partitions=2)
-    embedder = make_engine(tiny_bert_dir, name="tiny-bert")
-    store = open_store(":memory:", None, None)
-    sink = QdrantSink(store, embedder.spec, embedder.dimensions, "docs", SinkConfig())
-    texts = [" ".join(p.split()[:40]) for p in stdlib_paragraphs()[300:320]]
-    vectors = np.random.default_rng(0).standard_normal((20, embedder.dimensions)).astype(np.float32)
-    sink.upsert([EmbeddedChunk(ChunkEvent(doc_id=f"d{i}", chunk_id=0, text=t, metadata={"half": i % 2}),
-                               v / np.linalg.norm(v)) for i, (t, v) in enumerate(zip(texts, vectors))])
-    rerank_worker = RerankWorker(settings, ce_engine, RerankOptions(default_collection="docs"),
-                                 searcher=Searcher(store, embedder, ce_engine, "docs"))
-    options = GatewayOptions(model=MODEL, rerank_model="tiny-ce", max_inputs=2048, max_body_bytes=4_000_000)
-    with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), _in_thread(rerank_worker), \
-            BackgroundGateway(settings, options) as gateway:
+    with gateway_stack(kafka_bootstrap, minilm_engine, ce_engine, tiny_ce_dir, tiny_bert_dir, "gw") as gateway:
         yield gateway
-
-
-def _engine_vectors(engine, texts, prompt=None):
-    results, _ = engine.embed([EmbedRequest(i, t, prompt=prompt) for i, t in enumerate(texts)])
-    return np.stack([r.vector.values for r in results]), [r.tokens for r in results]
-
-
-def _cos(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 TEXTS = ["how do I read a file line by line?", "sorting a list of tuples by the second item",
@@ -113,7 +70,7 @@ def test_openai_sdk_default_base64_and_float_match_the_engine(stack, minilm_engi
 
 def test_openai_dimensions_on_a_matryoshka_model(kafka_bootstrap, minilm_engine):
     """A model registered with matryoshka_dims: the listed size is served (cut and renormalised), others refused."""
-    from openai import OpenAI, UnprocessableEntityError
+    from openai import BadRequestError, OpenAI
 
     settings = isolated_settings(kafka_bootstrap, "gwmrl")
     folder = str(minilm_engine.spec.path)
@@ -123,13 +80,13 @@ def test_openai_dimensions_on_a_matryoshka_model(kafka_bootstrap, minilm_engine)
     results, _ = engine.embed([EmbedRequest(i, t, dimensions=128) for i, t in enumerate(TEXTS)])
     expected = np.stack([r.vector.values for r in results])
     with RunningWorker(settings, engine, memory_store(), lanes=("online",)), \
-            BackgroundGateway(settings, GatewayOptions(model="minilm-mrl")) as gateway:
+            background_gateway(settings, GatewayOptions(model="minilm-mrl")) as gateway:
         client = OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=30)
         response = client.embeddings.create(model="minilm-mrl", input=TEXTS, dimensions=128)
         got = np.array([d.embedding for d in response.data])
         assert got.shape == (len(TEXTS), 128) and _cos(got, expected).min() >= 0.9999
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
-        with pytest.raises(UnprocessableEntityError, match="not a trained Matryoshka size"):
+        with pytest.raises(BadRequestError, match="not a trained Matryoshka size"):  # OpenAI's 400, never 422
             client.embeddings.create(model="minilm-mrl", input=TEXTS[0], dimensions=100)
 
 
@@ -191,19 +148,18 @@ def test_search_returns_hits_payloads_and_stage_times(stack):
             assert float(r.headers[name]) >= 0, name
         r = http.post("/search", json={"query": "files", "collection": "docs_v9"})  # allowed, does not exist
         assert r.status_code == 404 and r.json()["code"] == "unknown_collection"
-        r = http.post("/search", json={"query": "files", "collection": "nope"})  # not on the trust allow-list
-        assert r.status_code == 403 and r.json()["code"] == "collection_not_allowed"
+        r = http.post("/search", json={"query": "files", "collection": "nope"}, headers={"x-request-timeout": "3"})
+        assert r.status_code == 504 and "nope" in r.json()["error"]  # no deployment serves it: no one's hits
 
 
 BAD = [
-    ("/v1/embeddings", {"input": []}, 422),
+    ("/v1/embeddings", {"input": []}, 400),
     ("/v1/embeddings", {"input": ["x"] * 10_000}, 413),
-    ("/v1/embeddings", {"input": ["fine", {"text": "no"}]}, 422),
-    ("/v1/embeddings", {"input": " ".join(["word"] * 600)}, 413),  # over 256 tokens, no truncation: the worker says too_long
-    ("/v1/embeddings", {"input": "x", "dimensions": 64}, 422),
-    ("/v1/embeddings", {"input": "x", "model": "text-embedding-3-large"}, 404),
-    ("/embed", {"inputs": "x", "truncate": True, "truncation_direction": "Left"}, 422),
-    ("/v2/embed", {"texts": ["x"], "embedding_types": ["float"], "truncate": "START"}, 422),
+    ("/v1/embeddings", {"input": ["fine", {"text": "no"}]}, 400),
+    ("/embed", {"inputs": " ".join(["word"] * 600), "truncate": False}, 422),  # over 256 tokens: the worker says too_long
+    ("/v1/embeddings", {"input": "x", "dimensions": 64}, 400),
+    ("/embed", {"inputs": "x", "prompt_name": "poem"}, 422),
+    ("/v2/embed", {"texts": ["x"], "embedding_types": ["float"], "truncate": "NONE", "max_tokens": 2}, 422),
 ]
 
 
@@ -232,7 +188,7 @@ def test_bad_requests_get_their_status_while_good_ones_around_them_succeed(stack
         cosines = [f.result(timeout=60) for f in futures if f.result(timeout=60) is not None]
     assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "malformed_json"
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
-    assert late.status_code == 504 and late.json()["error_type"] == "backend"
+    assert late.status_code == 504 and late.json()["error_type"] == "Backend"
     assert len(cosines) == 24 and min(cosines) >= 0.9999
     with httpx.Client(base_url=stack.url, timeout=30) as http:
         assert http.get("/health").json() == {"status": "ok"}
@@ -269,7 +225,7 @@ def test_overload_by_lane_lag_is_429_with_retry_after(kafka_bootstrap):
     producer.flush()
     producer.close()
     options = GatewayOptions(model=MODEL, max_lag=2, lag_interval_s=0.1, retry_after_s=3)
-    with BackgroundGateway(settings, options) as gateway, httpx.Client(base_url=gateway.url, timeout=30) as http:
+    with background_gateway(settings, options) as gateway, httpx.Client(base_url=gateway.url, timeout=30) as http:
         wait_for(lambda: gateway.server.servers and _lag(http) >= 5, 30, "the gateway to measure the lane's lag")
         start = time.monotonic()
         r = http.post("/v1/embeddings", json={"input": "x"})
@@ -289,8 +245,8 @@ def test_tei_truncate_and_normalize_travel_to_the_worker(stack, minilm_engine):
     returns the unnormalised vector, as the engine does for the same flags."""
     long_text = " ".join(["streaming"] * 600)  # over MiniLM's 256 tokens
     with httpx.Client(base_url=stack.url, timeout=30) as http:
-        refused = http.post("/embed", json={"inputs": long_text})
-        assert refused.status_code == 413, refused.text
+        refused = http.post("/embed", json={"inputs": long_text, "truncate": False})
+        assert refused.status_code == 422 and refused.json()["error_type"] == "Validation", refused.text
         cut = http.post("/embed", json={"inputs": long_text, "truncate": True})
         assert cut.status_code == 200, cut.text
         raw = http.post("/embed", json={"inputs": TEXTS[0], "normalize": False})
@@ -331,7 +287,7 @@ def test_tei_clients_on_the_root_route_get_the_engines_vectors(stack, minilm_eng
         assert r.status_code == 200, r.text
         assert [x["index"] for x in r.json()] == list(np.argsort(-np.array([s.score for s in scores]), kind="stable"))
         r = http.post("/", json={"neither": 1})
-        assert r.status_code == 422 and r.json()["error_type"] == "validation"
+        assert r.status_code == 422 and r.json()["error_type"] == "Validation"
         r = http.post("/tokenize", json={"inputs": "read a file"})
         tokens = r.json()[0]
         ids = minilm_engine.tokenizer.tokenizer.encode("read a file").ids
@@ -340,4 +296,22 @@ def test_tei_clients_on_the_root_route_get_the_engines_vectors(stack, minilm_eng
         r = http.post("/decode", json={"ids": ids})
         assert r.json() == ["read a file"]
         r = http.post("/predict", json={"inputs": "x"})
-        assert r.status_code == 424 and r.json()["error_type"] == "backend"
+        assert r.status_code == 424 and r.json()["error_type"] == "Backend"
+
+
+def test_langchain_openai_with_its_default_model_and_llamaindex_tei_get_the_engines_vectors(stack, minilm_engine):
+    """Issue #35: LangChain's OpenAIEmbeddings as it comes (its own default model name, which this gateway does not
+    serve: the served model answers, as TEI does) and LlamaIndex's TEI embedding (TEI's /embed with truncate)."""
+    from langchain_openai import OpenAIEmbeddings
+    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+
+    expected, _ = _engine_vectors(minilm_engine, TEXTS)
+    # check_embedding_ctx_length=False: its length check downloads tiktoken's vocabulary (no network here)
+    openai_style = OpenAIEmbeddings(base_url=f"{stack.url}/v1", api_key="unused", check_embedding_ctx_length=False,
+                                    max_retries=0, timeout=30)
+    assert openai_style.model == "text-embedding-ada-002"
+    assert _cos(openai_style.embed_documents(TEXTS), expected).min() >= 0.9999
+    assert _cos(openai_style.embed_query(TEXTS[1]), expected[1]) >= 0.9999
+    tei = TextEmbeddingsInference(model_name=MODEL, base_url=stack.url, timeout=30)
+    assert _cos(tei.get_text_embedding_batch(TEXTS), expected).min() >= 0.9999
+    assert _cos(tei.get_query_embedding(TEXTS[2]), expected[2]) >= 0.9999

@@ -6,14 +6,14 @@ refused with the reason while dense searches of it go on."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+import ports
 from process_rig import Service, command_env, http_status, leftovers, run, wait_until
 
 pytestmark = pytest.mark.kafka
 
-BASE = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 300
+BASE = ports.port(ports.HYBRID_CLI)
 BROKER, METRICS = BASE, BASE + 10
 
 DOCS = {
@@ -47,7 +47,7 @@ def test_hybrid_search_from_the_command_line(tmp_path):
             run(["produce", str(folder), "--lane", "online"], env)
             wait_until(lambda: bool(_search(env, "operator.itemgetter", "--mode", "hybrid").get("hits")), 120,
                        "hybrid hits", (worker,))
-            reply = _search(env, "operator.itemgetter", "--mode", "hybrid", "--fusion", "dbsf")
+            reply = _search(env, "operator.itemgetter", "--mode", "hybrid")  # the README's command: the default fusion
             assert reply["hits"][0]["doc_id"] == "sorting.txt", reply
             assert {"embed", "sparse", "search"} <= set(reply["timings_ms"])
         # a collection written without sparse vectors: hybrid refused with the reason, dense served

@@ -104,8 +104,9 @@ def test_gateway_embed_sparse_and_info(kafka_bootstrap):
     model; a worker without a sparse encoder refuses with a reason and its dense /embed still works."""
     import httpx
 
+    from gateway_rig import background_gateway
+
     from embedstream.gateway import GatewayOptions
-    from embedstream.gateway.server import BackgroundGateway
 
     texts = ["How do I call os.path.join?", "read_bytes returns the file's contents"]
     for kind in ("splade", "none"):
@@ -116,7 +117,7 @@ def test_gateway_embed_sparse_and_info(kafka_bootstrap):
         engine = Engine.from_name("all-MiniLM-L6-v2", settings)
         options = GatewayOptions(model="all-MiniLM-L6-v2")
         with RunningWorker(settings, engine, memory_store(), lanes=("online",)), \
-                BackgroundGateway(settings, options) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as http:
+                background_gateway(settings, options) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as http:
             r = http.post("/embed_sparse", json={"inputs": texts})
             info = http.get("/info").json()
             if kind == "none":

@@ -115,10 +115,11 @@ def test_publish_documents_in_order_per_key(settings, chunker):
             assert (c.lane, c.model, c.collection, c.metadata) == ("bulk", "all-MiniLM-L6-v2", "docs", doc.metadata)
             assert c.created_at_ms and len(c.content_hash) == 64
     assert isinstance(by_doc["doc-1"][-1], DocumentDelete) and by_doc["doc-1"][-1].chunk_ids == [0]
-    # replace=True: whole-document delete, then the new chunks, after the old ones.
+    # replace=True: the new chunks, after the old ones, then a delete of the old ones past the new count (the
+    # document never leaves the index, and chunks whose text did not change need no forward pass)
     tail = by_doc["doc-2"][-2:]
-    assert isinstance(tail[0], DocumentDelete) and tail[0].chunk_ids is None and tail[0].collection == "docs"
-    assert isinstance(tail[1], ChunkEvent) and tail[1].text == "Short replacement." and tail[1].chunk_id == 0
+    assert isinstance(tail[0], ChunkEvent) and tail[0].text == "Short replacement." and tail[0].chunk_id == 0
+    assert isinstance(tail[1], DocumentDelete) and tail[1].from_chunk == 1 and tail[1].collection == "docs"
 
 
 def test_publish_documents_batched_matches_single(settings, chunker):

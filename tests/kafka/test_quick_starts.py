@@ -10,18 +10,18 @@ worker and the gateway on a broker where nobody had created the online chunk top
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer
+import ports
 from process_rig import Service, command_env, http_status, leftovers, run, wait_until
 
 from cdc_events import envelope, key, raw, row
 
 pytestmark = pytest.mark.kafka
 
-BASE = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 400  # +100 and +200: the CDC rig's PostgreSQL and Connect (tests/cdc_rig.py)
+BASE = ports.port(ports.QUICK_STARTS)
 BROKER, GATEWAY, METRICS = BASE, BASE + 20, BASE + 10
 ORDERS = ("readme", "reverse")
 

@@ -8,13 +8,13 @@ above this run's plain broker. Users: ``worker`` may do anything on topics and g
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import stat
 import uuid
 
 import pytest
 from prometheus_client import generate_latest
+import ports
 from conftest import isolated_settings, memory_store, read_dead_letters, wait_for
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
@@ -53,7 +53,7 @@ def _bindable(port: int) -> bool:
 @pytest.fixture(scope="module")
 def secure_broker(tmp_path_factory):
     """The secured broker: 4 ports above EMBEDSTREAM_TEST_KAFKA_PORT (the plain one and test_devkafka's below)."""
-    base = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 4
+    base = ports.port(ports.SECURED_BROKER)
     port = next((p for p in range(base, base + 40, 2) if _bindable(p) and _bindable(p + 1)), None)
     if port is None:
         pytest.skip(f"no free port pair from {base}")

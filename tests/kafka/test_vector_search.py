@@ -12,6 +12,7 @@ from kafka import KafkaProducer
 from worker_rig import Running, RunningWorker
 
 from embedstream.producers.query_client import QueryClient
+from embedstream.producers.search_routing import route
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
 from embedstream.schemas.events import now_ms
@@ -32,7 +33,8 @@ def _search(client, settings, query: str, rerank: bool) -> SearchReply:
     sent = now_ms()
     request = SearchRequest(request_id=uuid.uuid4().hex, query=query, top_k=3, top_n=3, rerank=rerank,
                             reply_to=client.reply_topic, deadline_ms=sent + 30_000, sent_at_ms=sent)
-    return client.request(settings.kafka.topic_search, request, SearchReply, timeout_s=30)
+    topic, request = route(settings.kafka, settings.qdrant.collection, request)  # to the owner of "docs"
+    return client.request(topic, request, SearchReply, timeout_s=30)
 
 
 @pytest.mark.timeout(400)

@@ -253,6 +253,39 @@ def test_a_failed_forward_pass_fails_its_record_not_the_worker(kafka_bootstrap, 
     assert good_query.error is None
 
 
+def test_a_failed_pass_keeps_what_its_batch_decided_without_a_forward_pass(kafka_bootstrap, minilm_engine):
+    """A document's text changes T1 -> T2 -> T1 (with new metadata) in one batch whose pass fails: the chunks
+    go through the model one by one, but the last change still borrows T1's stored vectors (its batch's
+    lookup knew that T2 lands first); had it been decided alone it would rewrite the payload of a point that
+    by then holds T2's vectors."""
+    from embedstream.engine.engine import EmbedRequest, StageTimings
+    from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig, point_id
+
+    settings = isolated_settings(kafka_bootstrap, "keeps")
+    ensure_topics(settings.kafka, partitions=1)
+    poison, t1, t2 = "this text breaks the kernel", "the first text of the guide", "the second text of the guide"
+    store = memory_store()
+    (row,) = minilm_engine.forward(minilm_engine.prepare([EmbedRequest("d/0", t1, prompt="document")]), StageTimings())
+    QdrantSink(store, minilm_engine.spec, minilm_engine.dimensions, "docs", SinkConfig()).upsert(
+        [EmbeddedChunk(ChunkEvent(doc_id="d", chunk_id=0, text=t1, metadata={"v": 1}), row, {})])
+    stored = {p.id: p for p in store.scroll("docs", with_vectors=True)}[point_id("d", 0)]
+    events = [ChunkEvent(doc_id="d", chunk_id=0, text=t2, metadata={"v": 2}),
+              ChunkEvent(doc_id="bad", chunk_id=0, text=poison),
+              ChunkEvent(doc_id="d", chunk_id=0, text=t1, metadata={"v": 3})]
+    topic = settings.kafka.topic_chunks_bulk
+    _send(settings, topic, [encode(e) for e in events])
+    running = RunningWorker(settings, FailingForward(minilm_engine, poison), store, lanes=("bulk",))
+    with running as worker:
+        wait_for(lambda: _committed(settings, topic, settings.kafka.group_bulk) == len(events), 120, "offsets committed")
+        assert worker.failure is None
+        moved = worker.metrics.forward_passes_avoided.labels(lane="bulk", reason="moved")._value.get()
+    (letter,) = read_dead_letters(settings, 1, timeout_s=60)
+    assert letter.error.code == "forward_failed"
+    final = {p.id: p for p in store.scroll("docs", with_vectors=True)}[point_id("d", 0)]
+    assert (final.payload["text"], final.payload["v"], moved) == (t1, 3, 1)
+    assert final.vectors["full"] == pytest.approx(stored.vectors["full"], abs=1e-6)
+
+
 class BlockingForward:
     """The real engine, except that a forward pass waits until released (a hung kernel, a stuck driver)."""
 

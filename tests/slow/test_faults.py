@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+import ports
 import pytest
 from conftest import isolated_settings, make_engine, memory_store, read_dead_letters, wait_for
 from worker_rig import RunningWorker
@@ -118,9 +119,9 @@ def own_broker(tmp_path):
     from embedstream import devkafka
 
     port = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_RESTART_PORT", "0"))
-    if not port:  # above the run's other brokers and rigs (tests/conftest.py's port plan): +800 and up
-        base = int(os.environ.get("EMBEDSTREAM_TEST_KAFKA_PORT", "19092")) + 800
-        port = next(p for p in range(base, base + 98, 2)
+    if not port:  # its own range of the run's port table (tests/ports.py)
+        base = ports.port(ports.RESTART_BROKER)
+        port = next(p for p in range(base, base + 40, 2)
                     if devkafka.port_free("127.0.0.1", p) and devkafka.port_free("127.0.0.1", p + 1))
     data_dir = str(tmp_path / "kafka-restart")
     info = devkafka.start(port=port, data_dir=data_dir)

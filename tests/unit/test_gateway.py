@@ -63,7 +63,7 @@ def test_admission_refuses_past_inflight_and_lag_bounds():
     admission.enter("rerank", 2)
     admission.leave("embed", 8)
     admission.leave("rerank", 2)
-    assert admission.inflight == {"embed": 0, "rerank": 0}
+    assert admission.inflight == {"embed": 0, "rerank": 0, "search": 0}
     admission.enter("embed", 50)  # one large request alone is let through (max_inputs bounds it)
     admission.leave("embed", 50)
     lag.value = 101
@@ -73,26 +73,28 @@ def test_admission_refuses_past_inflight_and_lag_bounds():
 
 
 def test_worker_error_codes_choose_the_status():
-    assert ApiError.from_worker(ErrorInfo(code="too_long", message="m")).status == 413
+    too_long = ApiError.from_worker(ErrorInfo(code="too_long", message="m"))  # truncation off: TEI's 422
+    assert (too_long.status, too_long.status_for("openai"), too_long.tei_type()) == (422, 400, "Validation")
     assert ApiError.from_worker(ErrorInfo(code="deadline_exceeded", message="m")).status == 504
-    assert ApiError.from_worker(ErrorInfo(code="unknown_model", message="m")).status == 404
+    assert ApiError.from_worker(ErrorInfo(code="empty_text", message="m")).tei_type() == "Empty"
+    # a worker serving another model than the gateway's: a deployment fault, not the client's
+    assert ApiError.from_worker(ErrorInfo(code="unknown_model", message="m")).status == 424
     assert ApiError.from_worker(ErrorInfo(code="forward_failed", message="m")).status == 424
     err = ApiError(429, "overloaded", "busy", retry_after_s=2)
     assert err.headers() == {"retry-after": "2"}
     assert err.body("openai") == {"error": {"message": "busy", "type": "rate_limit_error", "param": None, "code": "overloaded"}}
-    assert err.body("tei")["error_type"] == "overloaded" and err.body("cohere")["message"] == "busy"
+    assert err.body("tei")["error_type"] == "Overloaded" and err.body("cohere")["message"] == "busy"
 
 
-@pytest.mark.parametrize(("path", "body", "status", "code"), [
-    ("/v1/embeddings", {"input": [], "model": "all-MiniLM-L6-v2"}, 422, "empty_input"),
+@pytest.mark.parametrize(("path", "body", "status", "code"), [  # OpenAI answers an invalid request with 400
+    ("/v1/embeddings", {"input": [], "model": "all-MiniLM-L6-v2"}, 400, "empty_input"),
     ("/v1/embeddings", {"input": ["x"] * 10_000}, 413, "too_many_inputs"),
-    ("/v1/embeddings", {"input": ["ok", 3.5]}, 422, "invalid_request"),
-    ("/v1/embeddings", {"input": "hi", "dimensions": 128}, 422, "bad_dimensions"),
-    ("/v1/embeddings", {"input": "hi", "model": "text-embedding-3-small"}, 404, "model_not_found"),
-    ("/v1/embeddings", {"input": [[1, 2, 10**9]]}, 422, "invalid_token_id"),
+    ("/v1/embeddings", {"input": ["ok", 3.5]}, 400, "invalid_request"),
+    ("/v1/embeddings", {"input": "hi", "dimensions": 128}, 400, "bad_dimensions"),
+    ("/v1/embeddings", {"input": [[1, 2, 10**9]]}, 400, "invalid_token_id"),
     ("/v1/embeddings", {"input": [[101, 102]] * 3000}, 413, "too_many_inputs"),
-    ("/v1/embeddings", {"input": "hi", "encoding_format": "int4"}, 422, "invalid_request"),
-    ("/embeddings", {"input": "   "}, 422, "empty_text"),
+    ("/v1/embeddings", {"input": "hi", "encoding_format": "int4"}, 400, "invalid_request"),
+    ("/embeddings", {"input": "   "}, 400, "empty_text"),
 ])
 def test_openai_refusals_use_openai_envelope(client, path, body, status, code):
     response = client.post(path, json=body)
@@ -113,7 +115,7 @@ def test_malformed_json_and_huge_bodies(client):
 
 def test_tei_and_cohere_shapes_refuse_in_their_dialects(client):
     r = client.post("/embed", json={"inputs": ["a"], "truncate": True, "truncation_direction": "Left"})
-    assert r.status_code == 422 and r.json()["error_type"] == "validation" and r.json()["code"] == "truncate_unsupported"
+    assert r.status_code == 503 and r.json()["error_type"] == "Unhealthy"  # a short input is not cut: it may go Left
     r = client.post("/embed", json={"inputs": ["a"], "prompt_name": "poem"})
     assert r.status_code == 422 and "prompt_name" in r.json()["error"]
     r = client.post("/v2/embed", json={"texts": ["a"], "embedding_types": ["int4"]})
@@ -123,13 +125,21 @@ def test_tei_and_cohere_shapes_refuse_in_their_dialects(client):
     r = client.post("/v2/rerank", json={"query": "q", "documents": ["a"]})
     assert r.status_code == 424 and r.json()["code"] == "rerank_unavailable"
     r = client.post("/rerank", json={"query": "q", "texts": ["a"]})
-    assert r.status_code == 424 and r.json()["error_type"] == "backend"
+    assert r.status_code == 424 and r.json()["error_type"] == "Backend"
 
 
 def test_a_valid_request_without_kafka_is_503_and_health_says_so(client):
     r = client.post("/v1/embeddings", json={"input": "hello"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "kafka_unavailable"
     assert client.get("/health").status_code == 503
+
+
+def test_probes_split_liveness_from_readiness(client):
+    # Kubernetes restarts a pod whose liveness fails: a gateway that cannot reach Kafka is alive (restarting
+    # it would not bring the broker back) but not ready (no traffic until it can answer).
+    alive, ready = client.get("/healthz"), client.get("/readyz")
+    assert alive.status_code == 200 and alive.json() == {"alive": True}
+    assert ready.status_code == 503 and ready.json() == client.get("/health").json()
 
 
 def test_client_timeouts_become_deadlines(client):
@@ -143,4 +153,4 @@ def test_info_and_metrics(client):
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == 256 and info["max_client_batch_size"] == 2048 and info["version"]
     metrics = client.get("/metrics").text
-    assert 'embedstream_gateway_requests_total{route="openai_embeddings",status="422"}' in metrics
+    assert 'embedstream_gateway_requests_total{route="openai_embeddings",status="400"}' in metrics

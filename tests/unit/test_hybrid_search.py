@@ -10,6 +10,7 @@ from conftest import make_engine
 from embedstream.bench import hybrid_set
 from embedstream.engine.engine import EmbedRequest
 from embedstream.engine.sparse import BM25Encoder
+from embedstream.ranking import DEFAULT_FUSION
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.vectorstore.factory import open_store
@@ -52,7 +53,7 @@ def test_sink_writes_the_rows_sparse_vector_into_the_same_point(engine, labelled
         assert point.vectors["sparse_bm25"] == engine.sparse.encode_texts([text], query=False)[0]
 
 
-@pytest.mark.parametrize("fusion", ["rrf", "dbsf"])
+@pytest.mark.parametrize("fusion", [DEFAULT_FUSION, "rrf", "dbsf"])  # wrrf and convex lean on dense by design
 def test_hybrid_finds_exact_terms_a_random_dense_model_cannot(engine, labelled, fusion):
     """The tiny random BERT ranks by noise; the fused list still brings the chunk holding the identifier."""
     store = _index(engine, labelled, "bm25")
@@ -82,3 +83,18 @@ def test_hybrid_without_a_sparse_encoder_is_refused(tiny_bert_dir, engine, label
     reply = searcher.search(_request("os.path.join", mode="hybrid"))
     assert reply.error is not None and reply.error.code == "hybrid_unavailable"
     assert searcher.search(_request("os.path.join")).error is None
+
+
+def test_the_deployments_dense_scale_weighs_the_default_fusion(engine, labelled):
+    """EMBEDSTREAM_SPARSE__DENSE_SCALE reaches the logit fusion: with a tiny dense weight the fused list ranks as
+    BM25 (the chunk holding the exact term first), with a huge one as the random dense model (mostly not)."""
+    store = _index(engine, labelled, "bm25")
+
+    def firsts(dense_scale: float) -> int:
+        searcher = Searcher(store, engine, None, "docs", dense_scale=dense_scale)
+        return sum(searcher.search(_request(q.text, mode="hybrid", top_k=10, top_n=10, dense_limit=10,
+                                            sparse_limit=10)).hits[0].doc_id == f"c{q.answer}"
+                   for q in labelled.of_kind("exact_term"))
+
+    sparse_like, dense_like = firsts(1e-6), firsts(1e6)
+    assert sparse_like >= 0.7 * len(labelled.of_kind("exact_term")) and dense_like < sparse_like / 2, (sparse_like, dense_like)

@@ -385,3 +385,79 @@ def test_a_required_number_left_out_is_refused_and_an_optional_one_may_be():
     assert ServingInputs(10, pairs_per_s=None).pairs_per_s is None
     with pytest.raises(PlanError, match="--pairs-per-s must be a positive number"):
         ServingInputs(10, pairs_per_s=0)
+
+
+# ------------------------------------------------------------------------------- autoscaling (KEDA)
+
+
+def test_lag_threshold_is_what_one_worker_drains_in_the_lanes_drain_time():
+    from embedstream.plan.autoscale import AutoscaleInputs, parse_drain_s, plan_autoscaling
+
+    p = plan_autoscaling(AutoscaleInputs(tokens_per_chunk=200, tokens_per_s=5000, texts_per_s=150, pairs_per_s=900,
+                                         events_per_s=40, candidates=50, headroom=0.7,
+                                         drain_s=parse_drain_s("bulk=600")))
+    rows = {(r.topic.values_key, r.topic.topic_key): r for r in p.rows}
+    # a chunk is 200 tokens: 5000 × 0.7 ÷ 200 = 17.5 chunks/s per worker
+    assert rows["embedBulk", "chunks_bulk"].records_per_s == pytest.approx(17.5)
+    assert rows["embedBulk", "chunks_bulk"].lag_threshold == 17.5 * 600 == 10_500
+    assert rows["embedOnline", "chunks_online"].lag_threshold == 35  # 17.5 × the online default, 2 s
+    assert rows["embedOnline", "queries"].lag_threshold == 210  # 150 × 0.7 × 2
+    # a rerank or search request is 50 pairs: 900 × 0.7 ÷ 50 = 12.6 requests/s, 25.2 in 2 s
+    assert rows["rerank", "rerank"].lag_threshold == rows["rerank", "search"].lag_threshold == 25
+    assert rows["cdc", "changes"].lag_threshold == 280  # 40 × 0.7 × 10
+    # an online worker (1 thread) measured on its own: its chunks get their own rate
+    online = plan_autoscaling(AutoscaleInputs(tokens_per_chunk=200, tokens_per_s=5000, online_tokens_per_s=2000))
+    assert [r.lag_threshold for r in online.rows if r.topic.topic_key in ("chunks_online", "chunks_bulk")] == [14, 5250]
+    assert p.values() == {
+        "embedOnline": {"autoscaling": {"lagThreshold": {"chunks_online": 35, "queries": 210}}},
+        "embedBulk": {"autoscaling": {"lagThreshold": {"chunks_bulk": 10_500}}},
+        "rerank": {"autoscaling": {"lagThreshold": {"rerank": 25, "search": 25}}},
+        "cdc": {"autoscaling": {"lagThreshold": {"changes": 280}}},
+    }
+
+
+def test_lag_threshold_is_at_least_one_and_unknown_throughputs_say_what_to_pass():
+    from embedstream.plan.autoscale import AutoscaleInputs, plan_autoscaling
+
+    p = plan_autoscaling(AutoscaleInputs(pairs_per_s=10, candidates=50, tokens_per_s=4000))
+    rows = {(r.topic.values_key, r.topic.topic_key): r for r in p.rows}
+    assert rows["rerank", "rerank"].lag_threshold == 1  # 10 × 0.7 ÷ 50 × 2 = 0.28 requests: never 0
+    assert rows["embedBulk", "chunks_bulk"].lag_threshold is None
+    assert rows["embedBulk", "chunks_bulk"].missing == "pass --tokens (average tokens per chunk)"
+    assert rows["embedOnline", "queries"].missing == "pass --texts-per-s"
+    assert set(p.values()) == {"rerank"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("gpu=3", "--drain-s: unknown lane 'gpu' (known: online, bulk, rerank, cdc)"),
+    ("bulk", "must be LANE=SECONDS"),
+    ("bulk=0", "--drain-s bulk must be a positive number"),
+    ("online=soon", "is not a number of seconds"),
+])
+def test_drain_s_errors_name_the_lane(text, message):
+    from embedstream.plan.autoscale import parse_drain_s
+
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_drain_s(text)
+
+
+def test_cli_prints_thresholds_and_writes_helm_values(tmp_path):
+    out = tmp_path / "thresholds.yaml"
+    app = typer.Typer()
+    app.command()(plan_command)
+    result = CliRunner().invoke(app, ["--lag-thresholds", "--tokens", "200", "--tokens-per-s", "5000",
+                                      "--texts-per-s", "150", "--drain-s", "bulk=600", "--helm-values", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "autoscaling: KEDA lagThreshold" in result.output
+    assert "embedBulk" in result.output and "10,500" in result.output
+    assert "rerank devices" not in result.output  # no serving section without --qps
+    values = json.loads(out.read_text())  # JSON is YAML: helm -f reads it
+    assert values == {"embedOnline": {"autoscaling": {"lagThreshold": {"chunks_online": 35, "queries": 210}}},
+                      "embedBulk": {"autoscaling": {"lagThreshold": {"chunks_bulk": 10_500}}}}
+    assert "note: rerank" in result.output and "--pairs-per-s" in result.output
+
+
+def test_cli_tokens_alone_still_needs_chunks_or_lag_thresholds():
+    with pytest.raises(PlanError, match="give --chunks too"):
+        build_plan(tokens=200, tokens_per_s=5000, qps=1)
+    assert build_plan(tokens=200, tokens_per_s=5000, lag_thresholds=True).autoscaling is not None

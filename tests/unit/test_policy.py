@@ -171,6 +171,7 @@ def test_a_lookup_the_store_never_answers_is_given_up_after_the_bound_and_the_ne
     import time
 
     from embedstream.schemas import ChunkEvent
+    from embedstream.workers.sink import SAME
     from embedstream.workers.unchanged import UnchangedChunks
 
     hung, calls = threading.Event(), []
@@ -178,7 +179,7 @@ def test_a_lookup_the_store_never_answers_is_given_up_after_the_bound_and_the_ne
     def lookup(events):  # a store that stopped answering
         calls.append(len(events))
         hung.wait(30)
-        return [True] * len(events)
+        return [SAME] * len(events)
 
     def wait(done, timeout_s):  # the worker answers queries here; this one only waits
         end = time.monotonic() + timeout_s
@@ -194,12 +195,12 @@ def test_a_lookup_the_store_never_answers_is_given_up_after_the_bound_and_the_ne
     finder = UnchangedChunks(lookup, wait, wait_s=0.05)
     items = [Item(i) for i in range(3)]
     try:
-        assert finder.find(items, items, set) == set()  # unanswered: nothing skipped, every chunk embedded
-        assert finder.find(items, items, set) == set()  # the hung read is still out: no second one
+        assert finder.find(items, items, set) == {}  # unanswered: nothing skipped, every chunk embedded
+        assert finder.find(items, items, set) == {}  # the hung read is still out: no second one
         assert calls == [3]
     finally:
         hung.set()
-    end, found = time.monotonic() + 10, set()
+    end, found = time.monotonic() + 10, {}
     while not found and time.monotonic() < end:  # once the hung read has returned, a new one is answered
         found = finder.find(items, items, set)
-    assert found == {id(i) for i in items}  # the store answers again: unchanged chunks are skipped
+    assert found == {id(i): SAME for i in items}  # the store answers again: unchanged chunks are skipped

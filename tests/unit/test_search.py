@@ -11,7 +11,10 @@ from embedstream.engine.engine import EmbedRequest
 from embedstream.vectorstore.factory import open_store
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.rerank import SearchRequest
-from embedstream.workers.search import UINT8_OVERSAMPLING, Searcher, SearchError, SearchPlan
+from embedstream.engine.sparse import BM25Encoder
+from embedstream.ranking import score_key
+from embedstream.vectors import l2_normalize, encoded_rows
+from embedstream.workers.search import TIE_MARGIN, UINT8_OVERSAMPLING, Searcher, SearchError, SearchPlan
 from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig
 
 N_CHUNKS = 80
@@ -143,7 +146,8 @@ def test_rerank_orders_retrieved_hits_by_cross_encoder_score(embedder, reranker,
     retrieved = {h.id: h for h in plain.hits}
     assert {h.id for h in reply.hits} <= set(retrieved)  # reranking reorders the top_k, never adds
     ref = CrossEncoder(str(reranker.spec.path), device="cpu").predict([(QUERY, h.text) for h in plain.hits])
-    order = np.argsort(-ref, kind="stable")[:5]
+    # the ranking rule: rerank score at 6 places (this random cross-encoder's differ in the 7th), then retrieval order
+    order = sorted(range(len(ref)), key=lambda i: (-score_key(float(ref[i])), i))[:5]
     assert [h.id for h in reply.hits] == [plain.hits[i].id for i in order]
     np.testing.assert_allclose([h.rerank_score for h in reply.hits], ref[order], atol=1e-4)
     assert [h.rank for h in reply.hits] == [1, 2, 3, 4, 5]
@@ -164,7 +168,7 @@ def test_matryoshka_collection_prefetches_small_vector_and_rescores_on_full(embe
     top_k = 5
     reply = searcher.search(_request(QUERY, top_k=top_k, top_n=top_k, rerank=False))
     call = store.calls[-1]
-    assert call["vector_name"] == "full" and call["top_k"] == top_k
+    assert call["vector_name"] == "full" and call["top_k"] == top_k + TIE_MARGIN  # a tie at the cut: the rule decides
     (pf,) = call["prefetch"]
     assert pf.vector_name == "mrl_8" and pf.limit == top_k * 4
     small = _unit(vectors[:, :8])
@@ -193,7 +197,7 @@ def test_uint8_collection_is_rescored_on_dequantised_full_vectors(embedder, rera
     reply = searcher.search(_request(QUERY, top_k=10, top_n=10, rerank=False))
     call = store.calls[-1]
     wide = 10 * UINT8_OVERSAMPLING  # from bench quality: x12 reaches recall@10 0.98 for uint8
-    assert call["top_k"] == wide and call["prefetch"][0].limit == wide  # wide candidate set, rescored here
+    assert call["top_k"] == wide + TIE_MARGIN and call["prefetch"][0].limit == wide  # wide candidate set, rescored here
     sent = np.asarray(call["prefetch"][0].vector)
     assert sent.min() >= 1 and sent.max() <= 255 and np.all(sent == np.round(sent))  # shifted int8 query
     exact = vectors @ q
@@ -202,6 +206,38 @@ def test_uint8_collection_is_rescored_on_dequantised_full_vectors(embedder, rera
     assert list(got) == sorted(got, reverse=True)
     best = set(np.argsort(-exact)[:10].tolist())
     assert len(best & {h.payload["n"] for h in reply.hits}) >= 8
+
+
+def test_hybrid_dense_candidates_come_from_the_stored_layout(embedder, corpus, query_vector):
+    """A hybrid search's dense half is the dense plan's own search: uint8 + Matryoshka candidates rescored on
+    the dequantised full vectors, the same hits and scores as a dense search; sparse-only candidates get their
+    exact cosine too."""
+    events, vectors = corpus
+    bm25 = BM25Encoder()
+    store = open_store(":memory:", None, None)
+    sink = QdrantSink(store, embedder.spec, embedder.dimensions, "docs", SinkConfig("uint8", "none", (16,), sparse="bm25"))
+    sink.upsert([EmbeddedChunk(e, r) for e, r in
+                 zip(events, encoded_rows(vectors, bm25.encode_texts([e.text for e in events], query=False)))])
+    spy = SpyStore(store)
+    searcher = Searcher(spy, _fixed(query_vector), None, sparse=bm25)
+    dense = searcher.search(_request(QUERY, top_k=10, top_n=10, rerank=False))
+    spy.calls.clear()
+    hybrid = searcher.search(_request(QUERY, top_k=10, top_n=10, rerank=False, mode="hybrid", sparse_limit=20))
+    assert hybrid.error is None and len(hybrid.hits) == 10
+    full_call, sparse_call = spy.calls
+    assert full_call["vector_name"] == "full" and full_call["prefetch"][0].vector_name == "mrl_16"
+    assert full_call["top_k"] == 10 * UINT8_OVERSAMPLING + TIE_MARGIN  # uint8: wide, rescored here
+    assert sparse_call["vector_name"] == "sparse_bm25"
+    request = _request(QUERY, top_k=10, mode="hybrid", sparse_limit=20)
+    query = l2_normalize(query_vector)
+    dense_list, sparse_list, _ = searcher.hybrid_candidates("docs", query, bm25.encode_texts([QUERY], query=True)[0], request)
+    assert [pid for pid, _ in dense_list.pairs] == [h.id for h in dense.hits]
+    assert [s for _, s in dense_list.pairs] == pytest.approx([h.vector_score for h in dense.hits], abs=1e-9)
+    n_of = {p.id: p.payload["n"] for p in store.scroll("docs")}
+    sparse_only = {pid for pid, _ in sparse_list.pairs} - {pid for pid, _ in dense_list.pairs}
+    assert sparse_only and set(dense_list.extra) == sparse_only
+    for pid, cosine in dense_list.extra.items():  # exact up to int8 error
+        assert cosine == pytest.approx(float(vectors[n_of[pid]] @ query), abs=0.01)
 
 
 def test_refusals(embedder, reranker, corpus, query_vector):

@@ -9,7 +9,8 @@ from conftest import make_engine
 from embedstream.vectorstore.factory import open_store
 from embedstream.schemas import ChunkEvent, DocumentDelete
 from embedstream.workers.offsets import OffsetTracker
-from embedstream.workers.sink import EmbeddedChunk, QdrantSink, SinkConfig, point_id
+from embedstream.workers.sink import SAME, EmbeddedChunk, QdrantSink, SinkConfig, point_id
+from embedstream.workers.unchanged import StoredChunks
 
 
 def _unit(dim: int, seed: int) -> np.ndarray:
@@ -110,8 +111,8 @@ def test_the_sink_hashes_the_text_itself_and_ignores_the_producers_hash(minilm_e
     assert stored == hashlib.sha256(b"the old text").hexdigest()
 
     lying = ChunkEvent(doc_id="d", chunk_id=0, text="brand new text", content_hash=stored, metadata={})
-    assert sink.unchanged([lying]) == [False]
+    assert StoredChunks(sink).lookup([lying]) == [None]
     assert sink.to_points([EmbeddedChunk(lying, _unit(384, 1), {})])[0].payload["content_hash"] == \
         hashlib.sha256(b"brand new text").hexdigest()
     same = ChunkEvent(doc_id="d", chunk_id=0, text="the old text", content_hash="0" * 64, metadata={})
-    assert sink.unchanged([same]) == [True]
+    assert StoredChunks(sink).lookup([same]) == [SAME]

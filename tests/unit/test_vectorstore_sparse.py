@@ -1,7 +1,7 @@
-"""Sparse vectors beside dense ones, and fused searches, on every backend (':memory:' and qdrant-edge).
+"""Sparse vectors beside dense ones on every backend (':memory:' and qdrant-edge).
 
-Expected rankings come from numpy brute force (BM25's IDF as Qdrant defines it, reciprocal rank
-fusion), not from the store."""
+Expected rankings come from numpy brute force (BM25's IDF as Qdrant defines it), not from the store.
+Fusion is not the store's: embedstream.ranking fuses the lists (tests/unit/test_ranking.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
-from embedstream.vectorstore import CollectionConfigMismatch, Point, Prefetch, SparseSpec, SparseVector, VectorSpec
+from embedstream.vectorstore import CollectionConfigMismatch, Point, SparseSpec, SparseVector, VectorSpec
 from embedstream.vectorstore.edge_store import EdgeStore
 from embedstream.vectorstore.qdrant_client_store import QdrantClientStore
 
@@ -87,40 +87,23 @@ def test_sparse_search_applies_the_idf_modifier(store, data):
     assert plain[0].score == pytest.approx(max(sum(v.values[np.isin(v.indices, [1, 5, 9])]) for v in data["sparse"]), rel=1e-5)
 
 
-@pytest.mark.parametrize("fusion", ["rrf", "dbsf"])
-def test_fused_search_combines_dense_and_sparse_lists(store, data, fusion):
-    _fill(store, data)
-    query_dense = data["dense"][11] + 0.3 * data["dense"][12]
-    query_sparse = SparseVector.of([2, 3], [1.0, 1.0])
-    prefetch = [Prefetch("full", query_dense, 20), Prefetch("sparse_bm25", query_sparse, 15)]
-    hits = store.fused_search("docs", prefetch, 10, fusion)
-    dense_ids = [h.id for h in store.search("docs", "full", query_dense, 20)]
-    sparse_ids = [h.id for h in store.search("docs", "sparse_bm25", query_sparse, 15)]
-    assert len(hits) == 10 and all(h.vector_name == "fusion" for h in hits)
-    assert {h.id for h in hits} <= set(dense_ids) | set(sparse_ids)
-    if fusion == "rrf":  # 1 / (k + rank), k = 60 and rank from 0 in both backends... or from 1: the order is the same
-        def rrf(pid):
-            return sum(1 / (60 + ids.index(pid)) for ids in (dense_ids, sparse_ids) if pid in ids)
-
-        expected = sorted({*dense_ids, *sparse_ids}, key=rrf, reverse=True)
-        assert sorted(rrf(h.id) for h in hits) == pytest.approx(sorted(rrf(p) for p in expected[:10]), rel=1e-9)
-    both = set(dense_ids) & set(sparse_ids)
-    assert both <= {h.id for h in hits} or len(both) > 10  # a point in both lists outranks one in a single list
-
-
 def test_deleting_a_point_removes_its_sparse_vector_too(store, data):
     _fill(store, data)
     query = data["sparse"][5]
     assert data["ids"][5] in [h.id for h in store.search("docs", "sparse_bm25", query, 50)]
     store.delete_points("docs", [data["ids"][5]])
     assert data["ids"][5] not in [h.id for h in store.search("docs", "sparse_bm25", query, N)]
-    assert data["ids"][5] not in [h.id for h in store.fused_search("docs", [Prefetch("sparse_splade", query, N)], N)]
+    assert data["ids"][5] not in [h.id for h in store.search("docs", "sparse_splade", query, N)]
 
 
-def test_fused_search_refuses_a_vector_the_collection_lacks(store, data):
-    store.ensure_collection("dense_only", {"full": VectorSpec(DIM)})
-    with pytest.raises(ValueError, match="sparse_bm25"):
-        store.fused_search("dense_only", [Prefetch("full", data["dense"][0], 5),
-                                          Prefetch("sparse_bm25", data["sparse"][0], 5)], 5)
-    with pytest.raises(ValueError, match="is dense"):
-        store.fused_search("dense_only", [Prefetch("full", data["sparse"][0], 5)], 5)
+def test_get_vectors_reads_one_named_vector_by_id(store, data):
+    _fill(store, data)
+    wanted = [data["ids"][4], data["ids"][9], "00000000-0000-0000-0000-00000000beef"]  # the last has no point
+    got = store.get_vectors("docs", wanted, "full")
+    assert set(got) == set(wanted[:2])
+    for i in (4, 9):
+        np.testing.assert_allclose(got[data["ids"][i]], data["dense"][i], atol=1e-6)
+    assert store.get_vectors("docs", [data["ids"][4]], "sparse_bm25")[data["ids"][4]] == data["sparse"][4]
+    assert store.get_vectors("docs", [], "full") == {}
+    with pytest.raises(ValueError, match="mrl_8"):
+        store.get_vectors("docs", wanted, "mrl_8")

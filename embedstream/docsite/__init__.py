@@ -1,0 +1,1 @@
+"""The documentation site's generated pages: the configuration reference and the HTTP API."""

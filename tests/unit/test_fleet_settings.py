@@ -1,0 +1,97 @@
+"""What a cluster asks of the project's configuration, without a broker: the dev cluster's node configs, the
+topics' replication, every producer's acknowledgements, the consumer groups' rebalance protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from embedstream.config import KafkaSettings
+from embedstream.devkafka.cluster import cluster_overrides, node_layout, node_port
+from embedstream.devkafka.layout import Layout
+from embedstream.devkafka.storage import server_properties
+from embedstream.producers.topics import min_insync, replication_factor, topic_configs
+from embedstream.workers.kafka_io import incremental, kafka_python_rebalancing, librdkafka_rebalancing
+
+
+def _props(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def test_three_nodes_form_one_quorum_on_their_own_ports(tmp_path: Path):
+    configs = [_props(server_properties("127.0.0.1", node_port(23692, n), node_layout(tmp_path, n),
+                                        cluster_overrides("127.0.0.1", 23692, n, 3))) for n in (1, 2, 3)]
+    assert [c["node.id"] for c in configs] == ["1", "2", "3"]
+    assert {c["controller.quorum.voters"] for c in configs} == {"1@127.0.0.1:23693,2@127.0.0.1:23695,3@127.0.0.1:23697"}
+    assert [c["advertised.listeners"] for c in configs] == [f"PLAINTEXT://127.0.0.1:{p}" for p in (23692, 23694, 23696)]
+    assert len({c["log.dirs"] for c in configs}) == 3  # each node its own data dir
+    for c in configs:  # every replicated thing: 3 copies, 2 in sync for a write to count
+        assert c["default.replication.factor"] == c["offsets.topic.replication.factor"] == "3"
+        assert c["transaction.state.log.replication.factor"] == "3"
+        assert c["min.insync.replicas"] == c["transaction.state.log.min.isr"] == "2"
+        assert c["unclean.leader.election.enable"] == "false"
+
+
+def test_a_single_broker_keeps_one_replica(tmp_path: Path):
+    props = _props(server_properties("127.0.0.1", 23092, Layout(tmp_path)))
+    assert props["offsets.topic.replication.factor"] == props["default.replication.factor"] == "1"
+
+
+@pytest.mark.parametrize(("brokers", "replicas", "in_sync"), [(1, 1, 1), (2, 2, 1), (3, 3, 2), (5, 3, 2)])
+def test_topics_follow_the_cluster(brokers, replicas, in_sync):
+    settings = KafkaSettings()
+    assert replication_factor(settings, brokers) == replicas
+    assert min_insync(replicas) == in_sync
+    configs = topic_configs(settings, settings.topic_chunks_bulk, replicas)
+    assert configs.get("min.insync.replicas", "1") == str(in_sync)
+    assert topic_configs(settings, settings.topic_documents, replicas)["cleanup.policy"] == "compact"
+    assert replication_factor(KafkaSettings(replication_factor=2), brokers) == 2  # the setting wins
+
+
+def test_every_producer_waits_for_all_in_sync_replicas_idempotently():
+    config = KafkaSettings(bootstrap_servers="a:1,b:2,c:3").producer_config(**{"linger.ms": 5})
+    assert config["acks"] == "all" and config["enable.idempotence"] is True
+    assert config["bootstrap.servers"] == "a:1,b:2,c:3" and config["linger.ms"] == 5
+
+
+def test_kafka_python_bootstrap_list():
+    assert KafkaSettings(bootstrap_servers="a:1,b:2").client_kwargs()["bootstrap_servers"] == ["a:1", "b:2"]
+
+
+def test_rebalance_protocol_reaches_both_clients():
+    consumer = KafkaSettings(group_protocol="consumer", session_timeout_ms=6000)
+    assert librdkafka_rebalancing(consumer) == {"group.protocol": "consumer"}  # the session timeout is the broker's
+    assert incremental(consumer)
+    coop = KafkaSettings(group_protocol="cooperative-sticky", session_timeout_ms=6000)
+    assert librdkafka_rebalancing(coop) == {"partition.assignment.strategy": "cooperative-sticky",
+                                            "session.timeout.ms": 6000}
+    assert kafka_python_rebalancing(coop)["partition_assignment_strategy"][0].name == "cooperative-sticky"
+    assert kafka_python_rebalancing(consumer) == kafka_python_rebalancing(coop)  # no KIP-848 client in kafka-python
+    eager = KafkaSettings(group_protocol="eager")
+    assert kafka_python_rebalancing(eager) == {} and not incremental(eager)
+    assert librdkafka_rebalancing(eager) == {"partition.assignment.strategy": "range,roundrobin"}
+
+
+def test_the_consumer_protocol_needs_a_broker_that_serves_it():
+    """KIP-848 is the default; a broker without ConsumerGroupHeartbeat (Kafka 3, or the protocol turned off) gets
+    cooperative-sticky lanes instead of members that never join. Other choices are left as they are."""
+    from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT
+    from embedstream.workers.kafka_io import with_served_group_protocol
+
+    kafka = KafkaSettings()
+    assert kafka.group_protocol == "consumer"
+    assert with_served_group_protocol(kafka, frozenset({18, 3, CONSUMER_GROUP_HEARTBEAT})) is kafka
+    assert with_served_group_protocol(kafka, frozenset({18, 3})).group_protocol == "cooperative-sticky"
+    eager = KafkaSettings(group_protocol="eager")
+    assert with_served_group_protocol(eager, frozenset({18})) is eager
+
+
+def test_the_api_keys_of_an_api_versions_answer():
+    import struct
+
+    from embedstream.kafka_auth import _api_keys
+
+    body = struct.pack(">hi", 0, 3) + struct.pack(">hhh", 18, 0, 4) + struct.pack(">hhh", 3, 0, 13) \
+        + struct.pack(">hhh", 68, 0, 1)
+    assert _api_keys(body) == {18, 3, 68}
