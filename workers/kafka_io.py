@@ -123,6 +123,15 @@ def set_group_session_timeout(kafka: KafkaSettings, group: str) -> None:
                     session_timeout_ms=kafka.session_timeout_ms, error=str(exc)[:300])
 
 
+def group_members(admin, group: str, timeout_s: float = 10.0) -> int:
+    """How many members ``group`` has now, whichever protocol it runs (``admin``: librdkafka's AdminClient).
+
+    librdkafka asks ConsumerGroupDescribe of a KIP-848 group and DescribeGroups of a classic one; the
+    classic call alone answers "not a classic group" for the first (kafka-python's ``describe_groups``)."""
+    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout=timeout_s)
+    return len(description.members)
+
+
 def broker_reachable(consumer) -> bool:
     """True while the client holds a connection to some broker.
 

@@ -28,6 +28,7 @@ from embedstream.producers.query_client import QueryClient
 from embedstream.producers.search_routing import search_group, search_topic, serves
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.rerank import SearchRequest
+from embedstream.workers.kafka_io import group_members
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.search import Searcher, SearchError, kafka_embedder
 from embedstream.workers.trust import TrustError, TrustPolicy, check_trust
@@ -52,11 +53,10 @@ class RerankersProbe:
             return self._known[1]
         try:
             if self._admin is None:
-                from kafka import KafkaAdminClient
+                from confluent_kafka.admin import AdminClient
 
-                self._admin = KafkaAdminClient(**self.kafka.client_kwargs(), client_id="embedstream-search-probe")
-            group = self._admin.describe_groups([self.kafka.group_rerank]).get(self.kafka.group_rerank) or {}
-            running = bool(group.get("members"))
+                self._admin = AdminClient(self.kafka.librdkafka_config(**{"client.id": "embedstream-search-probe"}))
+            running = group_members(self._admin, self.kafka.group_rerank) > 0
         except Exception as exc:  # noqa: BLE001 - unknown: leave rerank requests to the rerank workers
             log.debug("rerank group probe failed", error=str(exc)[:300])
             running = True
@@ -64,8 +64,7 @@ class RerankersProbe:
         return running
 
     def close(self) -> None:
-        if self._admin is not None:
-            self._admin.close()
+        self._admin = None  # librdkafka's admin client has no close: its handle goes with the object
 
 
 class VectorSearchWorker(WorkerLoop):
