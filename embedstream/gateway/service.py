@@ -25,6 +25,7 @@ from embedstream.gateway.errors import ApiError
 from embedstream.gateway.lanes import KafkaLanes
 from embedstream.schemas.events import PromptKind, QueryReply, QueryRequest, now_ms
 from embedstream.producers.search_routing import route, search_topic
+from embedstream.workers.trust import TrustPolicy, collection_refusal
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
 
 log = logs.get("embedstream.gateway")
@@ -227,6 +228,9 @@ class Gateway:
                                     deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), **fields)
         except ValidationError as exc:
             raise invalid(exc) from None
+        refusal = collection_refusal(request.collection, TrustPolicy.from_settings(self.settings))
+        if refusal is not None:  # refused here at once: published, it would wait on a topic no deployment reads
+            raise ApiError(403, "collection_not_allowed", refusal, param="collection")
         topic, request = route(self.settings.kafka, self.settings.qdrant.collection, request)  # its collection's owner
         (reply,) = await lanes.call("search", topic, [request], SearchReply, deadline)
         if reply.error is not None:

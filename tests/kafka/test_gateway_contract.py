@@ -24,6 +24,7 @@ from embedstream.corpus import stdlib_paragraphs
 from embedstream.engine.engine import Engine, ScoreRequest
 from embedstream.engine.sparse_choice import build_sparse_encoder
 from embedstream.gateway import GatewayOptions, create_app
+from embedstream.producers.search_routing import search_topic
 from embedstream.producers.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
@@ -355,11 +356,13 @@ def _provoked(stack, kafka_bootstrap, tiny_bert_dir):
         expect(http, "post", "/search", 424, json={"query": "files", "mode": "hybrid"})
     # 429: a lane whose workers are 5 records behind, max_lag 2
     backlog = isolated_settings(kafka_bootstrap, "gwc429")
+    searches = search_topic(backlog.kafka, backlog.qdrant.collection)  # the default collection's own lane
     ensure_topics(backlog.kafka, partitions=1)
+    ensure_topics(backlog.kafka, topics=[searches], partitions=1)
     from kafka import KafkaProducer
 
     producer = KafkaProducer(**backlog.kafka.client_kwargs())
-    for topic in (backlog.kafka.topic_queries, backlog.kafka.topic_rerank):
+    for topic in (backlog.kafka.topic_queries, backlog.kafka.topic_rerank, searches):
         for _ in range(5):
             producer.send(topic, value=b"{}")
     producer.flush()
@@ -369,7 +372,8 @@ def _provoked(stack, kafka_bootstrap, tiny_bert_dir):
     with background_gateway(backlog, busy) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as http:
         quick = {"x-request-timeout": "0.5"}
         wait_for(lambda: http.post("/embed", json={"inputs": "x"}, headers=quick).status_code == 429
-                 and http.post("/rerank", json=small["/rerank"], headers=quick).status_code == 429, 30, "the lag probe")
+                 and http.post("/rerank", json=small["/rerank"], headers=quick).status_code == 429
+                 and http.post("/search", json=small["/search"], headers=quick).status_code == 429, 30, "the lag probe")
         for path in sorted(lanes):
             expect(http, "post", path, 429, json=small[path])
     # 503: no Kafka client (the app without its lifespan)
