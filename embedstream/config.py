@@ -354,7 +354,8 @@ class WorkerSettings(BaseModel):
     )
     join_timeout_s: float = Field(
         default=30.0, gt=0,
-        description="A lane whose group coordinator stays unknown this long while the broker answers gets a new consumer",
+        description="A lane that lost its group coordinator and is not a stable member again within this long, "
+                    "while the broker answers, gets a new consumer (kafka-python lanes)",
     )
     access_check_timeout_s: float = Field(
         default=10.0, gt=0, description="Start-up: the bounded login and topic check before any consumer is built"

@@ -186,15 +186,20 @@ class Lane:
             self._next_wait_log = now + 30.0
 
     def _watch_join(self) -> None:
-        """A lane whose group coordinator stayed unknown ``join_timeout_s`` while a broker listens: new consumer.
+        """A lane whose group coordinator was lost and that has not been a stable member since, for
+        ``join_timeout_s`` while a broker listens: new consumer.
 
         kafka-python 3.0.12 can livelock there (each poll looks the coordinator up, finds its connection
         down and in reconnect backoff, drops it, looks again; its own connections then read as down, so
         the probe is a plain TCP connect): seen at start-up with late topics, and on a loaded host after a
         join, the member evicted and the lane idle for good. A rebalance is not this state."""
-        if not coordinator_unknown(self.consumer):
-            self._lost_since = None
+        unknown = coordinator_unknown(self.consumer)
+        if not unknown and (self._lost_since is None or group_joined(self.consumer)):
+            self._lost_since = None  # never lost, or a stable member again: the episode is over
             return
+        # Lost once, the episode lasts until the member is stable again: a coordinator found and dropped at
+        # every lookup (NOT_COORDINATOR after the coordinator moved, on a loaded host) reads as known between
+        # two polls now and then, and must not restart the count (a fleet test's members stayed so for 5 min).
         now = time.monotonic()
         if self._lost_since is None:
             self._lost_since = now
@@ -203,7 +208,7 @@ class Lane:
         if not broker_listening(self.bootstrap_servers):  # an outage, not a stuck client: look again later
             self._lost_since = now
             return
-        log.warning("group coordinator unknown too long; rebuilding the consumer", lane=self.name,
+        log.warning("group coordinator lost, no stable membership since; rebuilding the consumer", lane=self.name,
                     waited_s=round(now - self._lost_since))
         self.drop({(tp.topic, tp.partition) for tp in self.consumer.assignment()})
         try:
