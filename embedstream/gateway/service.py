@@ -75,6 +75,7 @@ class Gateway:
         self.settings, self.options, self.lanes = settings, options, lanes
         self.spec, self.rerank_spec, self.rerank_problem = spec, rerank_spec, rerank_problem
         self.dimensions = output_dimensions(spec)
+        self.trust = TrustPolicy.from_settings(settings)  # which collections a search may name
         self._tokenizer = None
         self._foreign_names: set[str] = set()
 
@@ -228,7 +229,7 @@ class Gateway:
                                     deadline_ms=sent + int(max(0.0, deadline - time.monotonic()) * 1000), **fields)
         except ValidationError as exc:
             raise invalid(exc) from None
-        refusal = collection_refusal(request.collection, TrustPolicy.from_settings(self.settings))
+        refusal = collection_refusal(request.collection, self.trust)
         if refusal is not None:  # refused here at once: published, it would wait on a topic no deployment reads
             raise ApiError(403, "collection_not_allowed", refusal, param="collection")
         topic, request = route(self.settings.kafka, self.settings.qdrant.collection, request)  # its collection's owner
