@@ -34,7 +34,7 @@ from embedstream.schemas.events import Lane
 from embedstream.workers.cdc_memory import DocumentMemory
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.metrics import CdcMetrics
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.serve import run_until_signalled
 
 __all__ = ["CdcBridge", "CdcOptions", "apply_change", "run_until_signalled", "truncate_error"]

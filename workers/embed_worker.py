@@ -1,6 +1,6 @@
 """The embed worker: lanes -> token-budget batch -> engine -> Qdrant / reply -> commit.
 
-Two lanes (``workers/lane.py``), each its own consumer group (they may run as separate deployments):
+Two lanes (``workers/transport/lane.py``), each its own consumer group (they may run as separate deployments):
 online (online chunks and queries) and bulk (bulk chunks). Three overlapped stages
 (``workers/stages.py``): intake (poll, decode, validate, tokenise), model (form a batch with the
 ``Scheduler``, compute, answer queries) and output (sink writes in log order, then the records are
@@ -31,11 +31,11 @@ from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryRepl
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, SparseTerms, now_ms
 from embedstream.workers.admission import SHED_MESSAGES, AdmissionConfig, LaneController
-from embedstream.workers.lane import Lane, SyncQueue, Taken
+from embedstream.workers.transport.lane import Lane, SyncQueue, Taken
 from embedstream.workers.loop import new_worker_id
-from embedstream.workers.kafka_io import MAX_REQUEST_BYTES
+from embedstream.workers.transport.kafka_io import MAX_REQUEST_BYTES
 from embedstream.workers.metrics import WorkerMetrics
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.policy import BULK, ONLINE, TurnPolicy
 from embedstream.workers.scheduler import Scheduler
 from embedstream.workers.output_stage import OutputStage, WriteJob, write_jobs

@@ -21,9 +21,9 @@ from embedstream import logs
 from embedstream.config import KafkaSettings, WorkerSettings
 from embedstream.kafka_auth import check_kafka_access
 from embedstream.schemas import ErrorInfo
-from embedstream.workers.kafka_io import with_served_group_protocol
-from embedstream.workers.lane import PERMANENT, TRANSIENT, Lane, failure_kind
-from embedstream.workers.outbox import Outbox
+from embedstream.workers.transport.kafka_io import with_served_group_protocol
+from embedstream.workers.transport.lane import PERMANENT, TRANSIENT, Lane, failure_kind
+from embedstream.workers.transport.outbox import Outbox
 
 log = logs.get("embedstream.worker")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from embedstream.schemas import DocumentDelete, ErrorInfo
 from embedstream.workers.loop import ABANDONED
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.policy import BULK
 from embedstream.workers.sink import EmbeddedChunk, Reuse, ReusedChunk
 

@@ -32,7 +32,7 @@ from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import Candidate, RankedResult, RerankReply, RerankRequest, SearchReply, SearchRequest
 from embedstream.workers.admission import SHED_MESSAGES, AdmissionConfig, LaneController
-from embedstream.workers.lane import Taken
+from embedstream.workers.transport.lane import Taken
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.policy import TurnPolicy

@@ -28,7 +28,7 @@ from embedstream.producers.query_client import QueryClient
 from embedstream.producers.search_routing import search_group, search_topic, serves
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.rerank import SearchRequest
-from embedstream.workers.kafka_io import group_members
+from embedstream.workers.transport.kafka_io import group_members
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.search import Searcher, SearchError, kafka_embedder
 from embedstream.workers.trust import TrustError, TrustPolicy, check_trust

@@ -1,4 +1,4 @@
-"""What a failed store call means for the records in it: the store's side of ``workers.lane.failure_kind``.
+"""What a failed store call means for the records in it: the store's side of ``workers.transport.lane.failure_kind``.
 
 transient: the server or the cluster cannot take the write now (a node down, a shard without an active
 replica, a consistency factor not reached, a timeout, a rate limit, storage locked): back off, keep the

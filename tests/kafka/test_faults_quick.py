@@ -127,7 +127,7 @@ def test_queued_work_of_a_partition_revoked_and_assigned_back_is_fetched_again(k
 
 def _member(settings, group: str) -> KafkaConsumer:
     """Another member of the worker's group, rebalancing as the worker does (``group_protocol``)."""
-    from embedstream.workers.kafka_io import kafka_python_rebalancing
+    from embedstream.workers.transport.kafka_io import kafka_python_rebalancing
 
     return KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False,
                          **kafka_python_rebalancing(settings.kafka))

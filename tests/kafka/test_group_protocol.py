@@ -6,7 +6,7 @@ import pytest
 
 from embedstream.config import KafkaSettings
 from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT, check_kafka_access
-from embedstream.workers.kafka_io import with_served_group_protocol
+from embedstream.workers.transport.kafka_io import with_served_group_protocol
 
 pytestmark = pytest.mark.kafka
 

@@ -14,11 +14,11 @@ from conftest import isolated_settings, wait_for
 from kafka import KafkaProducer
 
 from embedstream.producers.topics import ensure_topics
-from embedstream.workers.lane import Lane
+from embedstream.workers.transport.lane import Lane
 from embedstream.workers.metrics import WorkerMetrics
-from embedstream.workers.offsets import OffsetTracker
-from embedstream.workers.outbox import Outbox
-from embedstream.workers.rd_consumer import RdConsumer
+from embedstream.workers.transport.offsets import OffsetTracker
+from embedstream.workers.transport.outbox import Outbox
+from embedstream.workers.transport.rd_consumer import RdConsumer
 
 pytestmark = [
     pytest.mark.timeout(180),

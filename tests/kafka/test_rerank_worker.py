@@ -14,7 +14,7 @@ from embedstream.producers.topics import ensure_topics
 from embedstream.producers.query_client import QueryClient
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest, SearchReply, SearchRequest
-from embedstream.workers.kafka_io import broker_reachable
+from embedstream.workers.transport.kafka_io import broker_reachable
 from worker_rig import Running
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
 from embedstream.workers.search import Searcher

@@ -78,7 +78,7 @@ def test_a_lane_whose_coordinator_stays_unknown_gets_a_new_consumer_and_goes_on(
     lane has a new consumer, which joins and consumes. ``flapping``: the coordinator found and dropped again at
     every lookup, known at every other check, the member never stable (a fleet test's new members after the
     coordinator moved, 5 min): the count must not restart each time it reads as known."""
-    import embedstream.workers.lane as lane_module
+    import embedstream.workers.transport.lane as lane_module
 
     settings = isolated_settings(kafka_bootstrap, "watchdog")
     settings.worker.join_timeout_s = 2.0

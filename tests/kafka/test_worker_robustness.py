@@ -26,7 +26,7 @@ from embedstream.schemas.rerank import Candidate, RerankReply, RerankRequest
 from embedstream.vectorstore.base import VectorSpec
 from embedstream.workers.loop import WorkerLoop
 from embedstream.workers.metrics import WorkerMetrics
-from embedstream.workers.outbox import DEAD_LETTER_PREFIX_BYTES
+from embedstream.workers.transport.outbox import DEAD_LETTER_PREFIX_BYTES
 from embedstream.workers.rerank_worker import RerankOptions, RerankWorker
 from embedstream.workers.serve import run_until_signalled
 from embedstream.workers.health import serve

@@ -10,8 +10,8 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from embedstream.producers.publisher import PublishError
 from embedstream.vectorstore.base import CollectionConfigMismatch
-from embedstream.workers.lane import PERMANENT, TRANSIENT, UNKNOWN, failure_kind
-from embedstream.workers.outbox import DEAD_LETTER_PREFIX_BYTES, bounded_raw_value
+from embedstream.workers.transport.lane import PERMANENT, TRANSIENT, UNKNOWN, failure_kind
+from embedstream.workers.transport.outbox import DEAD_LETTER_PREFIX_BYTES, bounded_raw_value
 
 
 def _http(status: int) -> UnexpectedResponse:

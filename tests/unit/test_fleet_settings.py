@@ -12,7 +12,7 @@ from embedstream.devkafka.cluster import cluster_overrides, node_layout, node_po
 from embedstream.devkafka.layout import Layout
 from embedstream.devkafka.storage import server_properties
 from embedstream.producers.topics import min_insync, replication_factor, topic_configs
-from embedstream.workers.kafka_io import incremental, kafka_python_rebalancing, librdkafka_rebalancing
+from embedstream.workers.transport.kafka_io import incremental, kafka_python_rebalancing, librdkafka_rebalancing
 
 
 def _props(text: str) -> dict[str, str]:
@@ -77,7 +77,7 @@ def test_the_consumer_protocol_needs_a_broker_that_serves_it():
     """KIP-848 is the default; a broker without ConsumerGroupHeartbeat (Kafka 3, or the protocol turned off) gets
     cooperative-sticky lanes instead of members that never join. Other choices are left as they are."""
     from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT
-    from embedstream.workers.kafka_io import with_served_group_protocol
+    from embedstream.workers.transport.kafka_io import with_served_group_protocol
 
     kafka = KafkaSettings()
     assert kafka.group_protocol == "consumer"

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from kafka import TopicPartition
 
-from embedstream.workers.lane import Lane
+from embedstream.workers.transport.lane import Lane
 
 A, B = TopicPartition("chunks", 0), TopicPartition("chunks", 1)
 

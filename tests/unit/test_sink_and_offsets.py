@@ -8,7 +8,7 @@ from conftest import make_engine
 
 from embedstream.vectorstore.factory import open_store
 from embedstream.schemas import ChunkEvent, DocumentDelete
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.sink import SAME, EmbeddedChunk, QdrantSink, SinkConfig, point_id
 from embedstream.workers.unchanged import StoredChunks
 

@@ -6,8 +6,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from embedstream.workers.lane import SyncQueue
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.lane import SyncQueue
+from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.stages import Stage
 
 

@@ -13,7 +13,7 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from embedstream.vectorstore.base import Point
 from embedstream.vectorstore.qdrant_client_store import QdrantClientStore
-from embedstream.workers.lane import PERMANENT, TRANSIENT, failure_kind
+from embedstream.workers.transport.lane import PERMANENT, TRANSIENT, failure_kind
 
 POINT = models.PointStruct(id=1, vector={"full": [0.1, 0.2]}, payload={"doc_id": "d"})
 

@@ -25,11 +25,11 @@ from embedstream.config import KafkaSettings
 from embedstream.producers.topics import ensure_topics, is_project_topic
 from embedstream.schemas import ErrorInfo
 from embedstream.vectorstore.faults import store_fault
-from embedstream.workers.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
+from embedstream.workers.transport.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
                                           group_joined, missing_topics, new_consumer, subscribe)
-from embedstream.workers.offsets import OffsetTracker
-from embedstream.workers.outbox import Outbox
-from embedstream.workers.rd_consumer import RdConsumer
+from embedstream.workers.transport.offsets import OffsetTracker
+from embedstream.workers.transport.outbox import Outbox
+from embedstream.workers.transport.rd_consumer import RdConsumer
 from embedstream.workers.scheduler import WorkQueue
 
 log = logs.get("embedstream.worker")

@@ -1,6 +1,6 @@
 """Kafka client helpers shared by every worker: client construction, subscribing, committing, probing.
 
-No loop and no policy here: the lane (``workers/lane.py``) and the loop (``workers/loop.py``) use
+No loop and no policy here: the lane (``workers/transport/lane.py``) and the loop (``workers/loop.py``) use
 these; they hold what kafka-python needs said the same way in every worker.
 """
 
@@ -17,7 +17,7 @@ from kafka.structs import OffsetAndMetadata
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
 

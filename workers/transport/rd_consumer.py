@@ -2,7 +2,7 @@
 
 For the online lanes (queries, online chunks, rerank and search requests): librdkafka fetches and
 parses in native threads, so a query is not parsed behind the GIL that the model and output stages
-hold. One lane, one group; the lane's policy (``workers/lane.py``) is unchanged: it polls, pauses,
+hold. One lane, one group; the lane's policy (``workers/transport/lane.py``) is unchanged: it polls, pauses,
 seeks, commits the finished offsets and hears of rebalances through the same listener. Rebalance
 callbacks run inside ``poll`` on the lane's own thread (kafka-python runs them on its I/O thread).
 Measured with ``embedstream bench transport`` (an echo through the broker, loopback, librdkafka client):
@@ -20,7 +20,7 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.workers.kafka_io import broker_listening, incremental, librdkafka_rebalancing, set_group_session_timeout
+from embedstream.workers.transport.kafka_io import broker_listening, incremental, librdkafka_rebalancing, set_group_session_timeout
 
 log = logs.get("embedstream.worker")
 

@@ -19,8 +19,8 @@ from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.schemas import DeadLetter, ErrorInfo
 from embedstream.schemas.codec import encode
-from embedstream.workers.kafka_io import MAX_REQUEST_BYTES, new_producer
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.kafka_io import MAX_REQUEST_BYTES, new_producer
+from embedstream.workers.transport.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
 
