@@ -116,7 +116,7 @@ class EmbedWorker(StagedWorkerLoop):
         self.queued = threading.Condition(threading.RLock())  # every lane queue's changes; waits for work or room
         self.output = OutputStage(self)
         self.unchanged = UnchangedChunks(StoredChunks(sink).lookup, self._wait_answering_queries, self.output.docs,
-                                         self.metrics, self.options.skip_unchanged)  # lookups off this stage
+                                         self.metrics, lambda: self.options.skip_unchanged)  # lookups off this stage
         kafka = settings.kafka
         topics = {ONLINE: [kafka.topic_chunks_online, kafka.topic_queries], BULK: [kafka.topic_chunks_bulk]}
         groups = {ONLINE: kafka.group_online, BULK: kafka.group_bulk}

@@ -156,7 +156,7 @@ class UnchangedChunks:
 
     def __init__(self, lookup: Callable[[list[ChunkEvent]], list[Reuse | None]],
                  wait: Callable[[Callable[[], bool], float], bool], docs: DocsInFlight, metrics,
-                 enabled: bool = True, wait_s: float = 2.0):
+                 enabled: Callable[[], bool] = lambda: True, wait_s: float = 2.0):
         self.reads = StoreReads(lookup)
         self.wait = wait
         self.docs = docs
@@ -192,7 +192,8 @@ class UnchangedChunks:
         at a checkpoint cannot be waited for: its documents are embedded."""
         keys = [i.doc_key for i in batch if i.doc_key is not None]
         deleted = deleted_earlier(batch)
-        candidates = [i for i in items if self.enabled and isinstance(i.event, ChunkEvent) and id(i) not in deleted]
+        enabled = self.enabled()
+        candidates = [i for i in items if enabled and isinstance(i.event, ChunkEvent) and id(i) not in deleted]
         docs = {i.doc_key for i in candidates}
         if docs:
             self.wait(lambda: docs.isdisjoint(self.docs.awaitable()), self.wait_s)
