@@ -139,6 +139,12 @@ def layout_keys(payload: dict) -> dict:
     return {k: v for k, v in payload.items() if is_layout_key(k)}
 
 
+def _next_version(collection: str) -> str:
+    """The name a re-index of ``collection`` would write: ``docs_v1`` -> ``docs_v2``, ``docs`` -> ``docs_v2``."""
+    base, _, number = collection.rpartition("_v")
+    return f"{base}_v{int(number) + 1}" if base and number.isdigit() else f"{collection}_v2"
+
+
 class QdrantSink:
     """Writes chunk points and applies deletes; ``wait=True`` so commits follow durable writes."""
 
@@ -182,10 +188,12 @@ class QdrantSink:
             recorded = self.store.collection_metadata(name).get(METADATA_KEY) or {}  # two first writers: one wins
         if canonical_json(recorded.get("space")) != canonical_json(dict(self.identity.space)):
             changed = differences(recorded.get("space"), dict(self.identity.space))
+            new = _next_version(self.store.resolve(name))
             raise CollectionConfigMismatch(
                 f"collection {name!r} holds vectors of another embedding ({'; '.join(changed)}): its points and this "
-                f"worker's would not be comparable. Re-index into a new collection with this configuration "
-                f"(embedstream reindex --to-collection <name>_v<N>), or run the configuration it was written with")
+                f"worker's would not be comparable. Re-index: run the workers of this configuration with "
+                f"EMBEDSTREAM_QDRANT__COLLECTION={new}, then embedstream reindex --to-collection {new} "
+                f"--alias <the alias readers use>; or run the configuration {name!r} was written with")
 
     def check_existing(self, name: str) -> None:
         """At start: refuse a collection that exists without a vector this sink writes (e.g. created
