@@ -1,5 +1,6 @@
-"""One contract, every backend: the same assertions run on qdrant-client ':memory:' and
-on the embedded qdrant-edge store, so the pipeline can rely on identical behaviour.
+"""One contract, every backend: the same assertions run on qdrant-client ':memory:', on the embedded
+qdrant-edge store and on a real Qdrant server (v1.19.0, tests/qdrant_rig.py), so the pipeline can rely on
+identical behaviour.
 
 Expected results come from numpy brute force on the same random vectors, not from
 the store itself, so a backend that returns plausible but wrong results fails.
@@ -60,9 +61,61 @@ def _points(data, idx=None, payload_update=None):
     return out
 
 
-@pytest.fixture(params=["memory", "edge"])
+BACKENDS = ["memory", "edge", "server"]
+
+
+def _server(tmp_path_factory, number: int):
+    from qdrant_rig import BINARY, QdrantServer
+
+    if not BINARY.is_file():
+        pytest.skip(f"no Qdrant server binary at {BINARY} (the set-up builds Qdrant v1.19.0 there)")
+    return QdrantServer(tmp_path_factory.mktemp(f"qdrant-server-{number}"), number)
+
+
+@pytest.fixture(scope="module")
+def qdrant_server(tmp_path_factory):
+    """The server of the tests that write (each empties it when it ends)."""
+    server = _server(tmp_path_factory, 0)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def qdrant_server_ro(tmp_path_factory):
+    """The server of the module's read-only collection, apart from the one the other tests empty."""
+    server = _server(tmp_path_factory, 1)
+    yield server
+    server.stop()
+
+
+def _open(backend: str, folder, request, server: str = "qdrant_server") -> "VectorStore":
+    if backend == "memory":
+        return QdrantClientStore.in_memory()
+    if backend == "edge":
+        return EdgeStore(folder)
+    return _EmptiedOnClose(QdrantClientStore.connect(request.getfixturevalue(server).url))
+
+
+class _EmptiedOnClose:
+    """A server store whose collections and aliases go when the test closes it (the server outlives the test)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def close(self) -> None:
+        for alias in self._store.list_aliases():
+            self._store.delete_alias(alias)
+        for name in self._store.list_collections():
+            self._store.delete_collection(name)
+        self._store.close()
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+@pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
-    s = QdrantClientStore.in_memory() if request.param == "memory" else EdgeStore(tmp_path / "edge")
+    s = _open(request.param, tmp_path / "edge", request)
     yield s
     s.close()
 
@@ -76,13 +129,10 @@ def filled(store, data):
     return store
 
 
-@pytest.fixture(scope="module", params=["memory", "edge"])
+@pytest.fixture(scope="module", params=BACKENDS)
 def readonly(request, tmp_path_factory, data):
     """Filled once per backend for the tests that only read (keeps the suite fast)."""
-    if request.param == "memory":
-        s = QdrantClientStore.in_memory()
-    else:
-        s = EdgeStore(tmp_path_factory.mktemp("edge-ro"))
+    s = _open(request.param, tmp_path_factory.mktemp("edge-ro"), request, "qdrant_server_ro")
     s.ensure_collection("docs", SPECS)
     pts = _points(data)
     for i in range(0, N, 128):
