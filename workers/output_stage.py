@@ -197,7 +197,7 @@ class OutputStage:
         self.worker.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - started) * 1000)
         raced = [item for item, entry in zip(run, entries) if id(entry) in lost] if reason is None else []
         for item in run:
-            if item not in raced:
+            if all(item is not r for r in raced):
                 self._settle(item, reason)
         if reason is None:
             embedded = sum(1 for i in run if id(i) in job.vectors)
@@ -227,7 +227,8 @@ class OutputStage:
         try:
             vectors = answer.result()
         except Exception as exc:  # noqa: BLE001 - the pass failed for these records: dead letters, the worker goes on
-            info = ErrorInfo(code="forward_failed", message=f"the forward pass failed: {type(exc).__name__}: {str(exc)[:500]}")
+            info = ErrorInfo(code="forward_failed",
+                             message=f"the forward pass failed: {type(exc).__name__}: {str(exc)[:500]}")
             for item in owned:
                 self._settle(item, info)
             return
