@@ -458,7 +458,7 @@ class QdrantClientStore(VectorStore):
     # ---- collection metadata -----------------------------------------------------------
     def collection_metadata(self, name: str) -> dict[str, Any]:
         try:
-            info = self.client.get_collection(name)
+            info = self.client.get_collection(self.resolve(name))
         except Exception as exc:
             raise self._not_found(name, exc) from exc
         return dict(info.config.metadata or {})
