@@ -12,6 +12,8 @@ every other part:
 * **uint8 storage**: the int8 codes shifted by 128 (Qdrant's uint8 datatype holds 0..255), the scale
   in the payload as ``_scale`` (``_scale_<d>`` for ``mrl_<d>``);
 * **L2 normalisation**: :func:`l2_normalize`, the one implementation;
+* **payload values** compared as typed canonical JSON (:func:`canonical_json`): ``1``, ``1.0`` and ``true``
+  are three values, the order of an object's keys is none;
 * **sparse vectors** beside the dense ones in the same point: ``sparse_<kind>`` (``sparse_bm25``,
   ``sparse_splade``), a :class:`SparseVector` of term ids and weights; BM25's is searched with
   Qdrant's IDF modifier (:func:`sparse_modifier`).
@@ -19,6 +21,7 @@ every other part:
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from dataclasses import dataclass
@@ -38,6 +41,11 @@ _SPARSE_PREFIX = "sparse_"
 _SPARSE_MODIFIER = {"bm25": "idf", "splade": None}  # BM25 stores term frequencies; the IDF is Qdrant's, at search
 _NORM_FLOOR = 1e-12  # as torch.nn.functional.normalize: a zero vector stays zero instead of NaN
 _UINT8_SHIFT = 128
+
+
+def canonical_json(value: Any) -> str:
+    """Typed canonical JSON: keys sorted, no spaces; ``1``, ``1.0`` and ``true`` stay three different values."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
 
 
 def point_id(doc_id: str, chunk_id: int) -> str:

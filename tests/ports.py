@@ -22,6 +22,7 @@ FLEET_CLUSTER = 800  # the fleet tests' 3-broker cluster: brokers +800, +802, +8
 FLEET_WORKERS = 850  # metrics ports of the fleet tests' worker processes (+850..+899)
 BOUND_TO_OWNER = 900  # test_bound_to_owner's runner: its broker +900 (+901) and PostgreSQL +902
 RESTART_BROKER = 910  # slow/test_faults' broker that gets restarted (+910..+949, a free pair)
+QDRANT_SERVER = 960  # the store contract tests' Qdrant servers: HTTP +960/+962, gRPC +961/+963 (tests/qdrant_rig.py)
 
 
 def port(offset: int) -> int:

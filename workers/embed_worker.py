@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -38,8 +37,8 @@ from embedstream.workers.metrics import WorkerMetrics
 from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.policy import BULK, ONLINE, TurnPolicy
 from embedstream.workers.scheduler import Scheduler
-from embedstream.workers.output_stage import OutputStage, WriteJob, write_jobs
-from embedstream.workers.sink import QdrantSink, Reuse
+from embedstream.workers.output_stage import OutputStage, WriteJob
+from embedstream.workers.sink import QdrantSink
 from embedstream.workers.stages import Stage, StagedWorkerLoop
 from embedstream.workers.trust import TrustError, TrustPolicy, check_trust
 from embedstream.workers.unchanged import StoredChunks, UnchangedChunks
@@ -52,7 +51,6 @@ _WAIT_S = 0.05  # longest a stage waits for work (or room) before it looks at st
 _QUERY_LOOK_S = 0.002  # a model stage waiting on the sink looks for queries this often
 _ONLINE_POLL_MS = 10  # intake's wait for queries when a bulk lane shares the thread (a query waits at most this)
 _INTAKE_SLICE = 256  # records decoded and queued at once: the model stage starts on the first slice
-AVOIDED = {"same": "unchanged", "payload": "metadata", "vectors": "moved"}  # Reuse kind -> the metric's reason
 
 
 @dataclass
@@ -70,10 +68,9 @@ class WorkItem(Taken):
         return len(self.prepared.tokens) if self.prepared else 0
 
     @property
-    def doc_key(self) -> tuple | None:
-        """(collection, doc_id) of a chunk or delete: writes of one document stay in log order."""
-        event = self.event
-        return None if isinstance(event, QueryRequest) else (event.collection, event.doc_id)
+    def doc_key(self) -> str | None:
+        """The doc_id of a chunk or delete (whatever collection name reached it): its writes stay in log order."""
+        return None if isinstance(self.event, QueryRequest) else self.event.doc_id
 
 
 class WorkerOptions(WorkerSettings):
@@ -114,11 +111,12 @@ class EmbedWorker(StagedWorkerLoop):
                         why="an OpenVINO pass does not yield between layers: a query waits for the whole bulk pass "
                             "ahead of it; run online lanes on backend auto (packed) and bulk on openvino")
         self._served_between_s = 0.0  # time the current bulk pass spent serving online work at its checkpoints
-        self.unchanged = UnchangedChunks(StoredChunks(sink).lookup, self._wait_answering_queries)  # lookups off this stage
         self.last_commit = 0.0
         self.trust = TrustPolicy.from_settings(settings)
         self.queued = threading.Condition(threading.RLock())  # every lane queue's changes; waits for work or room
         self.output = OutputStage(self)
+        self.unchanged = UnchangedChunks(StoredChunks(sink).lookup, self._wait_answering_queries, self.output.docs,
+                                         self.metrics, lambda: self.options.skip_unchanged)  # lookups off this stage
         kafka = settings.kafka
         topics = {ONLINE: [kafka.topic_chunks_online, kafka.topic_queries], BULK: [kafka.topic_chunks_bulk]}
         groups = {ONLINE: kafka.group_online, BULK: kafka.group_bulk}
@@ -278,16 +276,16 @@ class EmbedWorker(StagedWorkerLoop):
         batch = [item for item in batch if not OffsetTracker.revoked(item.handle)]  # revoked: the new owner's
         self._observe_queue_wait(batch, start)
         live = self._drop_expired([i for i in batch if not isinstance(i.event, DocumentDelete)], now_ms())
-        reused: dict[int, Reuse] = {}
-        if self.options.skip_unchanged:
-            live, reused = self._skip_unchanged(live, batch)
-        self._observe_changes(batch, live)
+        live, reused, hold = self.unchanged.skip(live, batch)  # its documents are in flight from the lookup on
         try:
             vectors = self._embed(live, start) if live else {}
         except _StoppedMidPass:  # nothing written, nothing finished: the records are redelivered to the next owner
             log.info("stopping: a bulk pass was given up between its layers", items=len(live))
+            self.output.docs.release(hold)
             return []
-        return write_jobs(batch, vectors, reused)
+        finally:
+            self.output.docs.computed(hold)
+        return self.output.jobs(batch, vectors, reused, hold)
 
     def _embed(self, live: list[WorkItem], start: float) -> dict[int, object]:
         """One forward pass for ``live``: queries are answered, the chunks' vectors returned (id(item) -> vector)."""
@@ -329,6 +327,7 @@ class EmbedWorker(StagedWorkerLoop):
         queued online work (when this worker has an online lane)."""
         if self.stopping():
             raise _StoppedMidPass
+        self.output.again.serve(self._forward_items)  # lost races first: the output stage waits for them
         if self.yield_points:
             self._serve_online_between()
 
@@ -355,6 +354,7 @@ class EmbedWorker(StagedWorkerLoop):
         while not done():
             if self._halt.is_set() or (end is not None and time.monotonic() >= end):
                 return False
+            self.output.again.serve(self._forward_items)
             if online is not None and online.queue:
                 with self.queued:
                     queries = online.queue.take_where(lambda i: isinstance(i.event, QueryRequest), self.engine.limits)
@@ -427,32 +427,13 @@ class EmbedWorker(StagedWorkerLoop):
         self.turns.replied(item.predicted_finish_ms, reply.timings_ms["total"], item.event.sent_at_ms, now_ms())
         self.metrics.texts.labels(lane=item.lane, kind="query").inc()
 
-    def _skip_unchanged(self, items: list[WorkItem], batch: list[WorkItem]) -> tuple[list[WorkItem], dict[int, Reuse]]:
-        """The items that still need a forward pass, and what the store holds for those that do not
-        (``UnchangedChunks``): a chunk whose point already holds it is finished at once; a payload rewrite
-        or lent vectors go on to the output stage as writes."""
-        found = self.unchanged.find(items, batch, self.output.docs_writing)
-        if not found:
-            return items, {}
-        for item in items:
-            reuse = found.get(id(item))
-            if reuse is None:
-                continue
-            self.metrics.forward_passes_avoided.labels(lane=item.lane, reason=AVOIDED[reuse.kind]).inc()
-            if reuse.kind == "same":
-                OffsetTracker.done(item.handle)
-        return [i for i in items if id(i) not in found], {k: r for k, r in found.items() if r.kind != "same"}
-
-    def _observe_changes(self, batch: list[WorkItem], embedded: list[WorkItem]) -> None:
-        """Per document with chunk events in the batch, how many of them go through the model."""
-        changed = {i.doc_key: i.lane for i in batch if isinstance(i.event, ChunkEvent)}
-        forwarded = Counter(i.doc_key for i in embedded if isinstance(i.event, ChunkEvent))
-        for key, lane in changed.items():
-            self.metrics.change_chunks_embedded.labels(lane=lane).observe(forwarded[key])
+    def _forward_items(self, items: list[WorkItem]) -> list:
+        return self.engine.forward([item.prepared for item in items], StageTimings())
 
     def model_step(self) -> None:
         """Wait for queued work (idle), form a batch and compute it (busy), hand it on (blocked while full)."""
         waited = time.perf_counter()
+        self.output.again.serve(self._forward_items)
         found = self._await_work(_WAIT_S)
         batch = self.next_batch() if found else []
         started = time.perf_counter()
@@ -470,7 +451,6 @@ class EmbedWorker(StagedWorkerLoop):
     def _hand_on(self, job: WriteJob) -> None:
         """Queue a job for the output stage, waiting while its queue is full (the backpressure); queued
         queries are answered meanwhile (a slow or absent sink holds writes, never replies)."""
-        self.output.reserve(job)
         handed: list[WriteJob] = []
 
         def handed_or_stopped() -> bool:

@@ -56,6 +56,10 @@ class WorkerMetrics:
         self.payload_updates = Counter("embedstream_payload_updates_total",
                                        "Points whose payload alone was rewritten (metadata-only changes)", ["lane"],
                                        registry=r)
+        self.payload_races = Counter(
+            "embedstream_payload_races_total", "Metadata-only writes whose point changed between the lookup and the "
+            "write (a write of the other lane, under another collection name, or an old owner's late one): left "
+            "unwritten, then embedded and upserted whole unless their partition moved on", ["lane"], registry=r)
         self.change_chunks_embedded = Histogram(
             "embedstream_change_chunks_embedded", "Chunks of one document sent through the model per change "
             "(the document's chunk events in one batch)", ["lane"],

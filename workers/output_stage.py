@@ -1,13 +1,16 @@
 """The embed worker's output stage: computed batches are written to the sink in log order, then finished.
 
 Its bounded queue is the model stage's one hand-off: a slow sink fills it and holds back writes, never
-replies (a batch that writes nothing is never queued, ``write_jobs``). Runs of upserts, runs of payload
+replies (a batch that writes nothing is never queued, ``jobs``). Runs of upserts, runs of payload
 rewrites and deletes apply exactly in log order, so a payload write never lands over a later text change of
 its point, nor an upsert over a later payload write; a write is retried by failure kind
 (``WorkerLoop.write_with_retry``); a record is finished only after its write, or dead-lettered when the
 sink refuses it for good.
-``docs_in_flight`` (documents handed on, not yet written) lets the unchanged-chunk lookup wait for a
-redelivery's first write; ``writing`` lets a revocation wait for the write of its partitions.
+A payload write applies only while its point holds what the lookup read; one that lost that race (a write
+of the other lane, under another name, or an old owner's late one came between) is embedded by the model
+stage (``EmbedAgain``) and upserted whole before the writes behind it, unless its partition moved on.
+``docs`` (documents from their batch's lookup until written, ``DocsInFlight``) lets the unchanged-chunk
+lookup wait for a redelivery's first write; ``writing`` lets a revocation wait for the write of its partitions.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import queue
 import threading
 import time
 from collections import Counter
+from concurrent import futures
 from dataclasses import dataclass, field
 
+from embedstream import logs
 from embedstream.schemas import DocumentDelete, ErrorInfo
+from embedstream.workers.embed_again import EmbedAgain
 from embedstream.workers.loop import ABANDONED
 from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.policy import BULK
@@ -28,27 +34,71 @@ OUTPUT_QUEUE_BATCHES = 2  # computed batches waiting (more only hold vectors in 
 REVOKE_WAIT_S = 2.0  # a revocation waits this long for an in-flight write of those partitions to finish
 _WAIT_S = 0.05  # longest the stage waits for a batch before it looks at stop and health again
 
+log = logs.get("embedstream.worker")
+
+
+@dataclass
+class Hold:
+    """A batch's documents, in flight from its lookup until its writes are done (``DocsInFlight``)."""
+
+    keys: tuple
+    computing: bool = True  # its batch is still on the model stage (its pass may be suspended at a checkpoint)
+    released: bool = False
+
+
+class DocsInFlight:
+    """Documents (by id, whatever collection name reached them) whose writes are on their way: held from their
+    batch's lookup until its write job is written, or at once when the batch writes nothing."""
+
+    def __init__(self, changed: threading.Condition):
+        self.changed = changed
+        self._held: Counter = Counter()
+        self._computing: Counter = Counter()
+
+    def hold(self, keys) -> Hold:
+        hold = Hold(tuple(keys))
+        with self.changed:
+            self._held.update(hold.keys)
+            self._computing.update(hold.keys)
+        return hold
+
+    def computed(self, hold: Hold) -> None:
+        """The hold's batch has left the model stage (handed on, or nothing to hand on)."""
+        with self.changed:
+            if hold.computing:
+                hold.computing = False
+                self._computing.subtract(hold.keys)
+                self._computing += Counter()  # drops the zeros
+
+    def release(self, hold: Hold) -> None:
+        self.computed(hold)
+        with self.changed:
+            if not hold.released:
+                hold.released = True
+                self._held.subtract(hold.keys)
+                self._held += Counter()
+            self.changed.notify_all()
+
+    def held(self) -> set:
+        with self.changed:
+            return set(self._held)
+
+    def awaitable(self) -> set:
+        """Documents held by a batch that can finish while the caller waits: not by one whose pass is suspended at a
+        checkpoint (the caller is what it waits for)."""
+        with self.changed:
+            return {key for key, n in self._held.items() if n > self._computing[key]}
+
 
 @dataclass
 class WriteJob:
-    """A computed batch on its way to the output stage: every item, in log order, the chunks' vectors, and
-    what the store holds for the chunks written without a forward pass."""
+    """A computed batch on its way to the output stage: every item, in log order, the chunks' vectors, what the
+    store holds for the chunks written without a forward pass, and the hold on its documents."""
 
     items: list  # WorkItem
     vectors: dict[int, object]  # id(item) -> vector, for the chunks that were embedded
     reused: dict[int, Reuse] = field(default_factory=dict)  # id(item) -> a payload to rewrite, or vectors lent
-
-    @property
-    def doc_keys(self) -> list[tuple]:
-        """The documents this job writes (counted in and out of ``docs_in_flight``)."""
-        return [key for key in (item.doc_key for item in self.items) if key is not None]
-
-
-def write_jobs(batch: list, vectors: dict[int, object], reused: dict[int, Reuse] | None = None) -> list[WriteJob]:
-    """What of a computed batch goes to the output stage: nothing when it writes nothing (queries answered,
-    chunks found unchanged), so reply-only work never waits for room there."""
-    writes = vectors or reused or any(isinstance(item.event, DocumentDelete) for item in batch)
-    return [WriteJob(batch, vectors, reused or {})] if writes else []
+    hold: Hold | None = None
 
 
 class OutputStage:
@@ -59,13 +109,17 @@ class OutputStage:
         self.queue: queue.Queue[WriteJob] = queue.Queue(maxsize=OUTPUT_QUEUE_BATCHES)
         self.writes = threading.Condition()  # in-flight write state, for revocations and unchanged-chunk lookups
         self.writing: set[tuple[str, int]] = set()  # partitions of the write being made now
-        self.docs_in_flight: Counter = Counter()  # (collection, doc_id) handed on, not yet written
+        self.docs = DocsInFlight(self.writes)
+        self.again = EmbedAgain()  # lost races: embedded on the model stage
 
     # -- the model stage's side ------------------------------------------------------------------
-    def reserve(self, job: WriteJob) -> None:
-        """The job's documents count as in flight from now (before it finds room in the queue)."""
-        with self.writes:
-            self.docs_in_flight.update(job.doc_keys)
+    def jobs(self, batch: list, vectors: dict[int, object], reused: dict[int, Reuse], hold: Hold) -> list[WriteJob]:
+        """What of a computed batch goes to the output stage: nothing when it writes nothing (queries answered,
+        chunks found unchanged; its documents are released at once), so reply-only work never waits for room."""
+        if vectors or reused or any(isinstance(item.event, DocumentDelete) for item in batch):
+            return [WriteJob(batch, vectors, reused, hold)]
+        self.docs.release(hold)
+        return []
 
     def offer(self, job: WriteJob) -> bool:
         """Queue the job if there is room now."""
@@ -74,10 +128,6 @@ class OutputStage:
             return True
         except queue.Full:
             return False
-
-    def docs_writing(self) -> set[tuple]:
-        with self.writes:
-            return set(self.docs_in_flight)
 
     # -- the stage -------------------------------------------------------------------------------
     def step(self) -> None:
@@ -95,13 +145,8 @@ class OutputStage:
         try:
             self.write(job)
         finally:
-            keys = job.doc_keys
-            with self.writes:
-                self.docs_in_flight.subtract(keys)
-                for key in keys:
-                    if self.docs_in_flight[key] <= 0:
-                        del self.docs_in_flight[key]
-                self.writes.notify_all()
+            if job.hold is not None:
+                self.docs.release(job.hold)
             self.worker.metrics.stage_busy.labels(stage="output").inc(time.perf_counter() - started)
         self.worker.progressed()
 
@@ -132,9 +177,13 @@ class OutputStage:
             self._settle(item, self._sink_write(lambda: sink.delete(item.event), "sink delete", run))
             return
         source = [{"topic": i.topic, "partition": i.partition, "offset": i.offset} for i in run]
+        lost: list = []
         if kind == "payload":
             entries = [ReusedChunk(i.event, job.reused[id(i)], s) for i, s in zip(run, source)]
-            write, what = (lambda: sink.write_payloads(entries)), "sink payload write"
+
+            def write() -> None:
+                lost[:] = [id(entry) for entry in sink.write_payloads(entries)]
+            what = "sink payload write"
         else:
             entries = [EmbeddedChunk(i.event, job.vectors[id(i)], s) if id(i) in job.vectors
                        else ReusedChunk(i.event, job.reused[id(i)], s) for i, s in zip(run, source)]
@@ -146,14 +195,47 @@ class OutputStage:
                 self._write_run(kind, [item], job, limit_s=0.0)
             return
         self.worker.metrics.observe_stage("upsert", run[0].lane, (time.perf_counter() - started) * 1000)
+        raced = [item for item, entry in zip(run, entries) if id(entry) in lost] if reason is None else []
         for item in run:
-            self._settle(item, reason)
+            if all(item is not r for r in raced):
+                self._settle(item, reason)
         if reason is None:
             embedded = sum(1 for i in run if id(i) in job.vectors)
             if embedded:
                 self.worker.metrics.texts.labels(lane=run[0].lane, kind="chunk").inc(embedded)
             if kind == "payload":
-                self.worker.metrics.payload_updates.labels(lane=run[0].lane).inc(len(run))
+                self.worker.metrics.payload_updates.labels(lane=run[0].lane).inc(len(run) - len(raced))
+        if raced:
+            self._write_lost_races(raced)
+
+    def _write_lost_races(self, items: list[WorkItem]) -> None:
+        """Payload-only writes whose point changed between the lookup and the write: embedded by the model stage
+        and upserted whole (before the writes behind them); a revoked one is the new owner's."""
+        self.worker.metrics.payload_races.labels(lane=items[0].lane).inc(len(items))
+        owned = [item for item in items if not OffsetTracker.revoked(item.handle)]
+        if not owned:
+            return
+        log.info("payload writes lost a race; embedding them", items=len(owned))
+        answer = self.again.ask(owned)
+        stage = self.worker.current_stage()
+        while not answer.done():
+            if self.worker.stopping() and not self.worker._stage_alive("model"):  # noqa: SLF001
+                return  # not finished: redelivered to the next owner
+            futures.wait([answer], _WAIT_S)
+            if stage is not None:
+                stage.touch()
+        try:
+            vectors = answer.result()
+        except Exception as exc:  # noqa: BLE001 - the pass failed for these records: dead letters, the worker goes on
+            info = ErrorInfo(code="forward_failed",
+                             message=f"the forward pass failed: {type(exc).__name__}: {str(exc)[:500]}")
+            for item in owned:
+                self._settle(item, info)
+            return
+        vectors = {id(item): vector for item, vector in zip(owned, vectors)}
+        owned = [item for item in owned if not OffsetTracker.revoked(item.handle)]
+        if owned:
+            self._write_run("upsert", owned, WriteJob(owned, vectors))
 
     def _sink_write(self, write, what: str, items: list[WorkItem], limit_s: float | None = None) -> ErrorInfo | None:
         """One sink write, retried by failure kind; a revocation of the partitions waits for it (``writing``)."""

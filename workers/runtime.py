@@ -41,7 +41,8 @@ def build_embed_worker(settings: Settings, lanes: tuple[str, ...], model: str | 
     """An embed worker on ``lanes``; its knobs come from ``settings.worker`` unless ``options`` are given."""
     engine = engine or Engine.from_name(model or settings.default_model, settings, shape=shape_for_lanes(lanes))
     store = store if store is not None else open_settings_store(settings)
-    sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config_from(settings))
+    sink = QdrantSink(store, engine.spec, engine.dimensions, settings.qdrant.collection, sink_config_from(settings),
+                      identity=engine.identity)
     sink.check_existing(settings.qdrant.collection)  # a collection without the sparse vector: refused now
     if engine.sparse is not None:
         log.info("sparse vectors written beside the dense ones", encoder=engine.sparse.describe())

@@ -301,3 +301,18 @@ def bench_fleet(
                              out=Path(out) if out else None,
                              say=lambda line: typer.echo(line, err=True))
     fleet_bench.print_table(result)
+
+
+@app.command("lookup")
+def bench_lookup(
+    chunks: int = typer.Option(2000, help="Chunks of the one document"),
+    batch: int = typer.Option(56, help="Chunks per batch (a lookup each)"),
+    url: Optional[str] = typer.Option(None, help="A Qdrant server (http://host:port); default: the embedded store "
+                                      "in a temporary folder"),
+) -> None:
+    """The unchanged-chunk lookup's time and points read per batch as one long document is sent (whole, then with
+    a paragraph inserted), beside the whole-document read it replaced; the weights' hash at start."""
+    from embedstream.bench import lookup_bench
+
+    logs.configure(level="WARNING")
+    lookup_bench.main(chunks, batch, url)

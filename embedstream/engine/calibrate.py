@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from embedstream import logs
+from embedstream.engine.identity import folder_digest
 
 CALIBRATION_VERSION = 1  # bump when what is measured changes (not when the recipe using it does)
 CALIBRATION_TEXTS = 200
 CALIBRATION_SEED = 101  # the bench corpus uses seed 13: calibration never sees the texts it is judged on
 BATCH_TEXTS = 32
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 Stats = dict[str, tuple[torch.Tensor, torch.Tensor]]  # linear name -> (per-channel min, per-channel max)
 
@@ -37,14 +37,8 @@ calibrations_run = 0  # how many times this process measured ranges (tests: the 
 
 def model_key(folder: Path) -> str:
     """Hash of the weights and config (content, not names or dates) plus the calibration version."""
-    digest = hashlib.sha256(f"embedstream-calibration-v{CALIBRATION_VERSION}".encode())
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and (path.name == "config.json" or path.suffix in _WEIGHT_SUFFIXES):
-            digest.update(path.name.encode())
-            with path.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
-    return digest.hexdigest()[:20]
+    material = f"embedstream-calibration-v{CALIBRATION_VERSION}:{folder_digest(folder, tokenizer=False)}"
+    return hashlib.sha256(material.encode()).hexdigest()[:20]
 
 
 def _installed_package(folder: Path) -> bool:

@@ -19,6 +19,7 @@ from embedstream.config import EngineSettings, Settings
 from embedstream.engine.batcher import BatchLimits, pack
 from embedstream.engine.errors import EngineError
 from embedstream.engine.head import EmbeddingHead
+from embedstream.engine.identity import EmbeddingIdentity, embedding_identity
 from embedstream.engine.model_spec import ModelSpec, resolve_model
 from embedstream.engine.packed import pack_sequences
 from embedstream.engine.postprocess import Quantized
@@ -146,6 +147,11 @@ class Engine:
         self.dimensions = self.head.dimensions if isinstance(self.head, EmbeddingHead) else self.runner.hidden_size
         self.max_text_bytes = settings.max_text_bytes
         self.sparse = sparse  # computed beside the dense vectors in ``forward`` (engine/sparse.py)
+
+    @property
+    def identity(self) -> EmbeddingIdentity:
+        """What its chunk vectors depend on besides the text (engine/identity.py): the model and the sparse encoder."""
+        return embedding_identity(self.spec, self.sparse)
 
     @classmethod
     def from_name(cls, name: str, settings: Settings | None = None, shape: str = "bulk") -> "Engine":

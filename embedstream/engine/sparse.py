@@ -54,6 +54,11 @@ class SparseEncoder(ABC):
     def describe(self) -> str:
         return f"{self.kind} ({self.model})"
 
+    @abstractmethod
+    def identity(self) -> tuple[dict, dict]:
+        """(space, values) of the vectors it writes (:mod:`embedstream.engine.identity`): what decides their term
+        space, and what changes their weights only."""
+
 
 class BM25Encoder(SparseEncoder):
     """BM25 term weights; IDF left to the store (see the module docstring)."""
@@ -78,6 +83,12 @@ class BM25Encoder(SparseEncoder):
             self._words = qe.Bm25(qe.Bm25Config(k=k, b=b, avg_len=avg_len))
         else:
             self._special = set(text_tokenizer._special_ids)  # noqa: SLF001 - the tokenizer's own special ids
+
+    def identity(self) -> tuple[dict, dict]:
+        space: dict = {"kind": self.kind, "tokenizer": self.tokenizer}
+        if self.text_tokenizer is not None and self.tokenizer == "model":
+            space["vocabulary"] = self.text_tokenizer.fingerprint()
+        return space, {"k": self.k, "b": self.b, "avg_len": self.avg_len}
 
     def _weights(self, counts: Counter, query: bool) -> SparseVector:
         """BM25's term-frequency part over a bag of term ids (a query: 1 per distinct term)."""

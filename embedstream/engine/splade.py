@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from embedstream.engine.batcher import BatchLimits, pack
 from embedstream.engine.errors import ConfigError, EngineError
+from embedstream.engine.identity import model_identity
 from embedstream.engine.model_spec import ModelSpec, resolve_model
 from embedstream.engine.runner import ForwardTimings, ModelRunner
 from embedstream.engine.splade_head import check_masked_lm
@@ -58,6 +59,10 @@ class SpladeEncoder(SparseEncoder):
 
     def describe(self) -> str:
         return f"splade ({self.model}, {self.runner.describe()})"
+
+    def identity(self) -> tuple[dict, dict]:
+        model = model_identity(self.spec)
+        return {"kind": self.kind, **model.space}, dict(model.values)
 
     def _vectors(self, tokens: list[Tokenized]) -> list[SparseVector]:
         """SPLADE vectors of tokenized texts, in order, through the token-budget batcher."""

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from embedstream.vectors import canonical_json
+
 from .base import AnySpec, FilterValue, Point, SparseSpec, SparseVector, VectorSpec, normalize_id
 
 
@@ -129,6 +131,24 @@ def split_filter_value(field: str, value: FilterValue) -> tuple[str, Any]:
     if isinstance(value, float):
         return "range", value
     raise ValueError(f"filter on {field!r}: unsupported value {value!r}")
+
+
+def conditions(filter: Mapping[str, FilterValue] | None) -> list[tuple[str, str, Any]]:
+    """(kind, field, value) per condition of an AND filter (kinds of :func:`split_filter_value`)."""
+    return [(kind, field, val) for field, value in (filter or {}).items()
+            for kind, val in [split_filter_value(field, value)]]
+
+
+def holds(payload: Mapping[str, Any], expect: Mapping[str, FilterValue]) -> bool:
+    """Whether a payload holds every expected value (a dotted field reaches into objects), compared by type and
+    value: what a store's filter on those fields would match (a local store checks it in Python)."""
+    for field, wanted in expect.items():
+        value: Any = payload
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if canonical_json(value) != canonical_json(wanted):
+            return False
+    return True
 
 
 def check_top_k(top_k: int) -> None:

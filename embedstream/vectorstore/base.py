@@ -265,9 +265,15 @@ class VectorStore(ABC):
         """Insert or replace points by id (idempotent: re-sending a batch is harmless)."""
 
     @abstractmethod
-    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True,
+                           expect: Mapping[str, Mapping[str, FilterValue]] | None = None) -> None:
         """Replace the whole payload of each point (id -> its new payload) in one request, its vectors
-        kept. An id with no point is skipped: a payload write never creates a point."""
+        kept. An id with no point is skipped: a payload write never creates a point.
+
+        ``expect`` (id -> {field: value}; a dotted field reaches into an object): the point's payload is
+        replaced only while it holds each of those values, checked and written in one atomic step (a filter
+        on the id and the values); a point that no longer does is left as it is. Nothing says which points
+        were written: read them back."""
 
     @abstractmethod
     def delete_points(self, name: str, ids: Sequence[str]) -> None:
@@ -288,8 +294,9 @@ class VectorStore(ABC):
         field: str | None = None,
         value: FilterValue | None = None,
         with_vectors: bool = False,
+        filter: Mapping[str, FilterValue] | None = None,
     ) -> list[Point]:
-        """All points (optionally those matching ``field == value``), ordered by id."""
+        """All points (optionally those matching ``field == value`` and every ``filter`` condition), ordered by id."""
 
     @abstractmethod
     def get_payloads(self, name: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -319,6 +326,15 @@ class VectorStore(ABC):
         With ``prefetch`` the candidates come from the prefetch stages and are
         rescored on ``vector_name``.
         """
+
+    # ---- collection metadata ---------------------------------------------------------
+    @abstractmethod
+    def collection_metadata(self, name: str) -> dict[str, Any]:
+        """The collection's own metadata (a JSON object; empty when it has none), through an alias too."""
+
+    @abstractmethod
+    def set_collection_metadata(self, name: str, metadata: Mapping[str, Any]) -> None:
+        """Set these keys of the collection's metadata (the others are kept: Qdrant's merge)."""
 
     # ---- aliases -------------------------------------------------------------------
     @abstractmethod

@@ -55,8 +55,8 @@ from ._rwlock import RWLock
 from ._util import (
     check_top_k,
     check_vector_name,
+    conditions,
     prepare_batch,
-    split_filter_value,
     sorted_points,
 )
 from .base import (
@@ -132,19 +132,17 @@ def _from_edge(vector: Any) -> Any:
     return list(vector)
 
 
-def _build_filter(filter: Mapping[str, FilterValue] | None) -> Any:
-    if not filter:
-        return None
-    must = []
-    for field, value in filter.items():
-        kind, val = split_filter_value(field, value)
+def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] = ()) -> Any:
+    """An AND of ``field == value`` conditions (a list: any of; a float: the range [v, v]), and of ``ids``."""
+    must: list[Any] = [qe.HasIdCondition(set(ids))] if ids else []
+    for kind, field, val in conditions(filter):
         if kind == "any":
             must.append(qe.FieldCondition(field, match=qe.MatchAny(val)))
         elif kind == "value":
             must.append(qe.FieldCondition(field, match=qe.MatchValue(val)))
         else:
             must.append(qe.FieldCondition(field, range=qe.RangeFloat(gte=val, lte=val)))
-    return qe.Filter(must=must)
+    return qe.Filter(must=must) if must else None
 
 
 def _params_for(spec: Any) -> Any:
@@ -416,13 +414,20 @@ class EdgeStore(VectorStore):
         with self._rw.read(), self._write_mutex:
             self._shard(col).update(op)
 
-    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
-        """Synchronous, as :meth:`upsert`; an id with no point matches nothing (a has_id filter)."""
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True,
+                           expect: Mapping[str, Mapping[str, FilterValue]] | None = None) -> None:
+        """Synchronous, as :meth:`upsert`. One update per point, by a filter on its id and its ``expect`` values:
+        the engine applies an update whole while no other write runs (and the adapter serialises writes), so
+        the check and the write are one step; a point that fails the filter (or does not exist) is left alone."""
         if not payloads:
             return
         col = self.resolve(name)
-        ops = [qe.UpdateOperation.overwrite_payload_by_filter(qe.Filter(must=[qe.HasIdCondition({normalize_id(pid)})]),
-                                                              dict(payload)) for pid, payload in payloads.items()]
+        expect = {normalize_id(pid): wanted for pid, wanted in (expect or {}).items()}
+        ops = []
+        for pid, payload in payloads.items():
+            pid = normalize_id(pid)
+            flt = _build_filter(expect.get(pid), ids=[pid])
+            ops.append(qe.UpdateOperation.overwrite_payload_by_filter(flt, dict(payload)))
         with self._rw.read(), self._write_mutex:
             shard = self._shard(col)
             for op in ops:
@@ -453,9 +458,10 @@ class EdgeStore(VectorStore):
         field: str | None = None,
         value: FilterValue | None = None,
         with_vectors: bool = False,
+        filter: Mapping[str, FilterValue] | None = None,
     ) -> list[Point]:
         col = self.resolve(name)
-        flt = _build_filter({field: value}) if field is not None else None
+        flt = _build_filter({**(filter or {}), **({field: value} if field is not None else {})})
         out: list[Point] = []
         offset: Any = None
         with self._rw.read():
@@ -540,6 +546,21 @@ class EdgeStore(VectorStore):
             Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name=vector_name)
             for r in res
         ]
+
+    # ---- collection metadata -----------------------------------------------------------
+    def collection_metadata(self, name: str) -> dict[str, Any]:
+        manifest = self._read_manifest(self.resolve(name))
+        return dict((manifest or {}).get("metadata") or {})
+
+    def set_collection_metadata(self, name: str, metadata: Mapping[str, Any]) -> None:
+        """Kept in the collection's manifest (replaced atomically, under the write lock)."""
+        col = self.resolve(name)
+        with self._write_mutex:
+            manifest = self._read_manifest(col)
+            if manifest is None:
+                raise CollectionNotFound(f"no collection or alias named {name!r}")
+            manifest["metadata"] = {**(manifest.get("metadata") or {}), **metadata}
+            _atomic_write_json(self._cdir(col) / "manifest.json", manifest)
 
     # ---- aliases ---------------------------------------------------------------------
     def _read_aliases(self) -> dict[str, str]:

@@ -17,8 +17,9 @@ from qdrant_client import QdrantClient, models
 from ._util import (
     check_top_k,
     check_vector_name,
+    conditions,
+    holds,
     prepare_batch,
-    split_filter_value,
     sorted_points,
 )
 from .base import (
@@ -106,19 +107,17 @@ def _quantization_kind(cfg: Any) -> str | None:
     return type(cfg).__name__  # product / turbo: not expressible as VectorSpec -> mismatch
 
 
-def _build_filter(filter: Mapping[str, FilterValue] | None) -> models.Filter | None:
-    if not filter:
-        return None
-    must: list[models.Condition] = []
-    for field, value in filter.items():
-        kind, val = split_filter_value(field, value)
+def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] = ()) -> models.Filter | None:
+    """An AND of ``field == value`` conditions (a list: any of; a float: the range [v, v]), and of ``ids``."""
+    must: list[models.Condition] = [models.HasIdCondition(has_id=list(ids))] if ids else []
+    for kind, field, val in conditions(filter):
         if kind == "any":
             must.append(models.FieldCondition(key=field, match=models.MatchAny(any=val)))
         elif kind == "value":
             must.append(models.FieldCondition(key=field, match=models.MatchValue(value=val)))
         else:
             must.append(models.FieldCondition(key=field, range=models.Range(gte=val, lte=val)))
-    return models.Filter(must=must)
+    return models.Filter(must=must) if must else None
 
 
 class QdrantClientStore(VectorStore):
@@ -309,17 +308,22 @@ class QdrantClientStore(VectorStore):
         ]
         self.client.upsert(collection_name=name, points=structs, wait=wait)
 
-    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True) -> None:
+    def overwrite_payloads(self, name: str, payloads: Mapping[str, Mapping[str, Any]], wait: bool = True,
+                           expect: Mapping[str, Mapping[str, FilterValue]] | None = None) -> None:
+        """Server: one batch of updates, each by a filter on its point's id and ``expect`` values (Qdrant applies
+        an update operation whole, in order with the shard's other updates). Local mode: the points that exist
+        and hold the expected values, by id (local mode runs one call at a time)."""
         if not payloads:
             return
         wanted = {normalize_id(pid): dict(payload) for pid, payload in payloads.items()}
+        expect = {normalize_id(pid): values for pid, values in (expect or {}).items()}
         if self.is_local:  # a filter is a scan of every point there: select the points that exist by id
             existing = self.get_payloads(name, list(wanted))
             ops = [models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(payload=payload, points=[pid]))
-                   for pid, payload in wanted.items() if pid in existing]
+                   for pid, payload in wanted.items() if pid in existing and holds(existing[pid], expect.get(pid, {}))]
         else:  # a has_id filter (indexed) matches nothing for an id with no point, where a points list fails
             ops = [models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(
-                payload=payload, filter=models.Filter(must=[models.HasIdCondition(has_id=[pid])])))
+                payload=payload, filter=_build_filter(expect.get(pid), ids=[pid])))
                 for pid, payload in wanted.items()]
         if not ops:
             return
@@ -356,8 +360,9 @@ class QdrantClientStore(VectorStore):
         field: str | None = None,
         value: FilterValue | None = None,
         with_vectors: bool = False,
+        filter: Mapping[str, FilterValue] | None = None,
     ) -> list[Point]:
-        flt = _build_filter({field: value}) if field is not None else None
+        flt = _build_filter({**(filter or {}), **({field: value} if field is not None else {})})
         out: list[Point] = []
         offset: Any = None
         while True:
@@ -449,6 +454,21 @@ class QdrantClientStore(VectorStore):
             Hit(id=normalize_id(p.id), score=float(p.score), payload=dict(p.payload or {}), vector_name=vector_name)
             for p in res.points
         ]
+
+    # ---- collection metadata -----------------------------------------------------------
+    def collection_metadata(self, name: str) -> dict[str, Any]:
+        try:
+            info = self.client.get_collection(self.resolve(name))
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
+        return dict(info.config.metadata or {})
+
+    def set_collection_metadata(self, name: str, metadata: Mapping[str, Any]) -> None:
+        """Qdrant's collection metadata (an update merges the keys given)."""
+        try:
+            self.client.update_collection(collection_name=self.resolve(name), metadata=dict(metadata))
+        except Exception as exc:
+            raise self._not_found(name, exc) from exc
 
     # ---- aliases ---------------------------------------------------------------------
     def list_aliases(self) -> dict[str, str]:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from embedstream.bench import hybrid_set
+from embedstream.engine.identity import EmbeddingIdentity
 from embedstream.engine.sparse import BM25Encoder
 from embedstream.ranking import FUSIONS
 from embedstream.schemas import ChunkEvent
@@ -73,14 +74,15 @@ def vectors(labelled):
 
 
 def _fill(store, labelled, docs) -> None:
-    sink = QdrantSink(store, _Spec(), DIM, "docs", SinkConfig(sparse="bm25"))
+    sink = QdrantSink(store, _Spec(), DIM, "docs", SinkConfig(sparse="bm25"),
+                      identity=EmbeddingIdentity({"model": "synthetic"}))
     rows = encoded_rows(docs, BM25Encoder().encode_texts(labelled.chunks, query=False))
     sink.upsert([EmbeddedChunk(ChunkEvent(doc_id=f"c{i}", chunk_id=0, text=text), rows[i])
                  for i, text in enumerate(labelled.chunks)])
 
 
 class _Spec:
-    """The sink's view of the model that wrote the vectors (a name; no Matryoshka sizes)."""
+    """The sink's view of the model that wrote the vectors (a name; no Matryoshka sizes; its identity given apart)."""
 
     name = "synthetic"
     matryoshka_dims: tuple[int, ...] = ()

@@ -171,6 +171,7 @@ def test_a_lookup_the_store_never_answers_is_given_up_after_the_bound_and_the_ne
     import time
 
     from embedstream.schemas import ChunkEvent
+    from embedstream.workers.output_stage import DocsInFlight
     from embedstream.workers.sink import SAME
     from embedstream.workers.unchanged import UnchangedChunks
 
@@ -190,17 +191,24 @@ def test_a_lookup_the_store_never_answers_is_given_up_after_the_bound_and_the_ne
     class Item:
         def __init__(self, i):
             self.event = ChunkEvent(doc_id=f"d{i}", chunk_id=0, text="t")
-            self.doc_key = ("docs", f"d{i}")
+            self.doc_key = f"d{i}"
 
-    finder = UnchangedChunks(lookup, wait, wait_s=0.05)
+    docs = DocsInFlight(threading.Condition())
+    finder = UnchangedChunks(lookup, wait, docs, metrics=None, wait_s=0.05)
     items = [Item(i) for i in range(3)]
+
+    def find() -> dict:
+        found, hold = finder.find(items, items)
+        docs.release(hold)  # the batch is written (or writes nothing)
+        return found
+
     try:
-        assert finder.find(items, items, set) == {}  # unanswered: nothing skipped, every chunk embedded
-        assert finder.find(items, items, set) == {}  # the hung read is still out: no second one
+        assert find() == {}  # unanswered: nothing skipped, every chunk embedded
+        assert find() == {}  # the hung read is still out: no second one
         assert calls == [3]
     finally:
         hung.set()
     end, found = time.monotonic() + 10, {}
     while not found and time.monotonic() < end:  # once the hung read has returned, a new one is answered
-        found = finder.find(items, items, set)
+        found = find()
     assert found == {id(i): SAME for i in items}  # the store answers again: unchanged chunks are skipped

@@ -1,5 +1,6 @@
-"""One contract, every backend: the same assertions run on qdrant-client ':memory:' and
-on the embedded qdrant-edge store, so the pipeline can rely on identical behaviour.
+"""One contract, every backend: the same assertions run on qdrant-client ':memory:', on the embedded
+qdrant-edge store and on a real Qdrant server (v1.19.0, tests/qdrant_rig.py), so the pipeline can rely on
+identical behaviour.
 
 Expected results come from numpy brute force on the same random vectors, not from
 the store itself, so a backend that returns plausible but wrong results fails.
@@ -24,6 +25,7 @@ from embedstream.vectorstore import (
 )
 from embedstream.vectorstore.edge_store import EdgeStore, StoreLockedError
 from embedstream.vectorstore.qdrant_client_store import QdrantClientStore
+from embedstream.vectors import canonical_json
 
 N = 300
 FULL, SMALL = 48, 12
@@ -59,9 +61,61 @@ def _points(data, idx=None, payload_update=None):
     return out
 
 
-@pytest.fixture(params=["memory", "edge"])
+BACKENDS = ["memory", "edge", "server"]
+
+
+def _server(tmp_path_factory, number: int):
+    from qdrant_rig import BINARY, QdrantServer
+
+    if not BINARY.is_file():
+        pytest.skip(f"no Qdrant server binary at {BINARY} (the set-up builds Qdrant v1.19.0 there)")
+    return QdrantServer(tmp_path_factory.mktemp(f"qdrant-server-{number}"), number)
+
+
+@pytest.fixture(scope="module")
+def qdrant_server(tmp_path_factory):
+    """The server of the tests that write (each empties it when it ends)."""
+    server = _server(tmp_path_factory, 0)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def qdrant_server_ro(tmp_path_factory):
+    """The server of the module's read-only collection, apart from the one the other tests empty."""
+    server = _server(tmp_path_factory, 1)
+    yield server
+    server.stop()
+
+
+def _open(backend: str, folder, request, server: str = "qdrant_server") -> "VectorStore":
+    if backend == "memory":
+        return QdrantClientStore.in_memory()
+    if backend == "edge":
+        return EdgeStore(folder)
+    return _EmptiedOnClose(QdrantClientStore.connect(request.getfixturevalue(server).url))
+
+
+class _EmptiedOnClose:
+    """A server store whose collections and aliases go when the test closes it (the server outlives the test)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def close(self) -> None:
+        for alias in self._store.list_aliases():
+            self._store.delete_alias(alias)
+        for name in self._store.list_collections():
+            self._store.delete_collection(name)
+        self._store.close()
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+@pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
-    s = QdrantClientStore.in_memory() if request.param == "memory" else EdgeStore(tmp_path / "edge")
+    s = _open(request.param, tmp_path / "edge", request)
     yield s
     s.close()
 
@@ -75,13 +129,10 @@ def filled(store, data):
     return store
 
 
-@pytest.fixture(scope="module", params=["memory", "edge"])
+@pytest.fixture(scope="module", params=BACKENDS)
 def readonly(request, tmp_path_factory, data):
     """Filled once per backend for the tests that only read (keeps the suite fast)."""
-    if request.param == "memory":
-        s = QdrantClientStore.in_memory()
-    else:
-        s = EdgeStore(tmp_path_factory.mktemp("edge-ro"))
+    s = _open(request.param, tmp_path_factory.mktemp("edge-ro"), request, "qdrant_server_ro")
     s.ensure_collection("docs", SPECS)
     pts = _points(data)
     for i in range(0, N, 128):
@@ -232,6 +283,60 @@ def test_overwrite_payloads_replaces_each_payload_and_keeps_the_vectors(filled, 
     assert filled.get_payloads("docs", [ids[7]]) == {ids[7]: {"doc_id": "doc-001"}}
     with pytest.raises(CollectionNotFound):
         filled.overwrite_payloads("missing", {ids[0]: {}})
+
+
+def test_payload_values_keep_their_json_type(store, data):
+    """1, 1.0 and true are three values: a metadata change between them must be seen, so a store must give each
+    back as it was written (compared as canonical JSON: Python's == takes them for one)."""
+    store.ensure_collection("docs", SPECS)
+    payload = {"doc_id": "d", "one": 1, "one_f": 1.0, "yes": True, "zero": 0, "no": False, "big": 2**53 + 1,
+               "nested": {"b": [1, 1.0, True, None], "a": {"x": 0.5}}, "s": "1"}
+    store.upsert("docs", [Point(id=data["ids"][0], vectors={"full": data["full"][0], "small": data["small"][0]},
+                                payload=payload)])
+    got = store.get_payloads("docs", [data["ids"][0]])[data["ids"][0]]
+    assert canonical_json(got) == canonical_json(payload)
+    store.overwrite_payloads("docs", {data["ids"][0]: {**payload, "one": True}})
+    assert canonical_json(store.get_payloads("docs", [data["ids"][0]])[data["ids"][0]]) == \
+        canonical_json({**payload, "one": True})
+
+
+def test_an_expected_payload_write_applies_only_while_the_point_holds_the_values(filled, data):
+    """``expect``: the write is conditional on what the point holds now (its id and the values, one step):
+    a point that changed since is left alone; dotted fields reach into objects, floats match exactly."""
+    ids = data["ids"]
+    filled.overwrite_payloads("docs", {i: {"doc_id": "d", "hash": f"h{n}", "source": {"offset": n}, "_scale": 0.1 * n}
+                                      for n, i in enumerate(ids[:4])})
+    expect = {ids[0]: {"hash": "h0", "source.offset": 0, "_scale": 0.0},  # holds: written
+              ids[1]: {"hash": "h0"},  # another hash now: left alone
+              ids[2]: {"hash": "h2", "source.offset": 5},  # another write since (its source): left alone
+              ids[3].upper(): {"hash": "h3", "_scale": 0.1 * 3}}  # any id spelling; the float exactly
+    filled.overwrite_payloads("docs", {i: {"doc_id": "d", "new": True} for i in ids[:4]}, expect=expect)
+    got = filled.get_payloads("docs", ids[:4])
+    assert [got[i].get("new", False) for i in ids[:4]] == [True, False, False, True]
+    assert got[ids[1]]["hash"] == "h1" and got[ids[2]]["source"] == {"offset": 2}
+    np.testing.assert_allclose(filled.get_vectors("docs", [ids[1]], "full")[ids[1]], data["full"][1], atol=1e-6)
+    filled.overwrite_payloads("docs", {str(uuid.uuid4()): {"doc_id": "x"}}, expect={})  # no point: none created
+    assert filled.count("docs") == N
+
+
+def test_scroll_takes_a_filter_of_several_fields(readonly, data):
+    got = readonly.scroll("docs", filter={"doc_id": ["doc-007", "doc-009"], "lang": "de"}, with_vectors=True)
+    want = [i for i in range(35, 50) if data["payloads"][i]["doc_id"] in ("doc-007", "doc-009") and i % 3 == 0]
+    assert sorted(p.id for p in got) == sorted(data["ids"][i] for i in want)
+    assert all(set(p.vectors) == {"full", "small"} for p in got)
+    assert readonly.scroll("docs", "doc_id", "doc-007", filter={"chunk": 2}) == \
+        [p for p in readonly.scroll("docs", "doc_id", "doc-007") if p.payload["chunk"] == 2]
+
+
+def test_collection_metadata_is_kept_merged_and_read_through_an_alias(store):
+    store.ensure_collection("docs", SPECS)
+    assert store.collection_metadata("docs") == {}
+    store.set_collection_metadata("docs", {"embedstream": {"space": "a", "n": 1}})
+    store.set_collection_metadata("docs", {"other": True})
+    store.set_alias("live", "docs")
+    assert store.collection_metadata("live") == {"embedstream": {"space": "a", "n": 1}, "other": True}
+    with pytest.raises(CollectionNotFound):
+        store.collection_metadata("missing")
 
 
 @pytest.mark.parametrize("datatype", ["float32", "float16", "uint8"])
