@@ -34,7 +34,7 @@ import numpy as np
 from embedstream import logs
 from embedstream.schemas import ChunkEvent, DocumentDelete
 from embedstream.vectorstore.base import VectorSpec
-from embedstream.workers.offsets import OffsetTracker
+from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.output_stage import DocsInFlight, Hold
 from embedstream.workers.sink import IDENTITY, SAME, QdrantSink, Reuse, expectation, layout_keys, metadata_key, point_id
 from embedstream.workers.trust import content_hash
