@@ -114,3 +114,15 @@ def test_minilm_openvino_int8_keeps_cosine_on_the_bench_corpus(minilm_engine, mo
     texts = mixed_length_texts(200, lambda s: len(tok.encode(s).ids), minilm_engine.spec.max_tokens)
     assert (_vectors(int8, texts) * _vectors(minilm_engine, texts)).sum(1).min() >= 0.99
     assert list(tmp_path.rglob("openvino-int8-*.xml")), "the int8 model was not cached in the user cache"
+
+
+@pytest.mark.parametrize("flags, hint", [
+    ({"avx512f", "avx512_bf16", "amx_bf16", "amx_int8"}, "f32"),  # AMX: the bf16 hint broke single texts
+    ({"avx512f", "avx512_bf16", "avx512_vnni"}, "bf16"),  # AVX512-BF16 without AMX (Zen 4): min cos 0.9986
+    ({"avx2", "fma"}, "f32"),  # no native bf16
+])
+def test_int8_float_part_runs_in_float32_on_amx(monkeypatch, flags, hint):
+    monkeypatch.setattr(openvino_encoder, "cpu_flags", lambda: frozenset(flags))
+    from embedstream.engine.backends import linear
+    monkeypatch.setattr(linear, "cpu_flags", lambda: frozenset(flags))
+    assert openvino_encoder.int8_float_hint() == hint
