@@ -41,9 +41,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer
 from confluent_kafka import TopicPartition as RdPartition
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
 from embedstream import devkafka
+from embedstream.bench.cdc_settings import create_change_topic
 from embedstream.bench.cdc_writers import Writers
 from embedstream.bench.latency_bench import cpu_line
 from embedstream.config import Settings
@@ -409,18 +410,6 @@ def check_mixes(mixes: list[str] | None) -> None:
         raise ValueError(f"unknown mix {', '.join(sorted(unknown))}; choose from {', '.join(MIXES)}")
 
 
-def _create_change_topic(bootstrap: str, topic: str) -> None:
-    """The connector's topic, created before it starts: its records are stamped with the broker's clock when
-    appended (``LogAppendTime``), so the ``kafka`` stage ends when the change is in the log."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="embedstream-bench-cdc")
-    try:
-        admin.create_topics({topic: {"num_partitions": 1, "replication_factor": 1,
-                                     "configs": {"message.timestamp.type": "LogAppendTime"}}},
-                            timeout_ms=30_000, wait_for_metadata=True)
-    finally:
-        admin.close()
-
-
 def _run(bootstrap, pg, info, plan, step_s, backlog_docs, target_ms, out_dir, model, engine_cls, new_store,
          writer_count=WRITERS):
     import psycopg
@@ -445,7 +434,7 @@ def _run(bootstrap, pg, info, plan, step_s, backlog_docs, target_ms, out_dir, mo
     k.topic_rerank, k.topic_search, k.topic_documents = f"{prefix}.rerank", f"{prefix}.search", f"{prefix}.documents"
     k.group_online, k.group_bulk, k.group_cdc = f"{prefix}-online", f"{prefix}-bulk", f"{prefix}-cdc"
     settings.qdrant.versioned_collections = False
-    _create_change_topic(bootstrap, connect.topic_for(config))
+    create_change_topic(bootstrap, connect.topic_for(config))
     ensure_topics(k, partitions=1, topics=all_topics(k))
     store = _TimedStore(new_store())
     worker = build_embed_worker(settings, ("online", "bulk"), store=store, engine=engine)

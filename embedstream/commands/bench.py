@@ -197,6 +197,26 @@ def bench_cdc(
                                         mixes=mix, writers=writers))
 
 
+@app.command("cdc-settings")
+def bench_cdc_settings(
+    rate: float = typer.Option(200.0, help="Row changes per second"),
+    step_s: float = typer.Option(10.0, help="Seconds of changes per setting"),
+    idle_s: float = typer.Option(10.0, help="Seconds the Connect worker's CPU is measured with the connector idle"),
+    writers: int = typer.Option(4, min=1, help="Writer processes, each on its own PostgreSQL connection"),
+    port: BrokerPort = BROKER_PORT,
+    pg_port: int = typer.Option(5432, help="Port of the dev PostgreSQL (started when not running)"),
+    rest_port: int = typer.Option(8083, help="Port of the dev Connect worker's REST API"),
+    out: str = typer.Option("bench-results", help="Folder for the table (JSON)"),
+) -> None:
+    """What each latency setting of the CDC rig buys: COMMIT -> the change record in Kafka (Debezium's part alone),
+    p50/p95, with the rig's settings and one changed at a time (synchronous_commit, poll.interval.ms, Connect's
+    producer linger), and the Connect worker's CPU idle and busy, in one run."""
+    from embedstream.bench import cdc_settings
+
+    logs.configure(level="WARNING")
+    cdc_settings.print_table(cdc_settings.run(rate, step_s, idle_s, writers, port, pg_port, rest_port, out))
+
+
 @app.command("quality")
 def bench_quality(
     model: str = typer.Option("all-MiniLM-L6-v2", help="Embedding model (registry name or folder)"),

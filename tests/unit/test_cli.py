@@ -20,7 +20,7 @@ GROUPS = {
          "plan", "dev", "schemas"},
     ("engine",): {"tune"},
     ("worker",): {"embed", "rerank", "cdc"},
-    ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway", "latency", "host", "transport", "cdc", "fleet"},
+    ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway", "latency", "host", "transport", "cdc", "cdc-settings", "fleet"},
     ("dev",): {"kafka", "postgres", "connect"},
     ("dev", "kafka"): {"start", "restart", "stop", "status"},
     ("dev", "postgres"): {"start", "stop", "status"},
