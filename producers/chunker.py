@@ -49,7 +49,8 @@ _ANCHOR_CONTEXT = 24  # tokens before a cut whose text ranks it (content-defined
 _HASH_BASE = 0x100000001B3  # the polynomial hash's base (FNV's 64-bit prime)
 _ANCHOR_SPACING = 2  # anchors lie more than (chunk - overlap) / this many tokens apart
 # The latest results a chunker remembers, by a 16-byte digest of the text (never the text itself): a
-# document's spans (~0.3 KB each, ~20 MB when full), a chunk's wire ids (~0.6 KB each at 200 tokens, ~10 MB).
+# document's spans (13 MB when full of 2-chunk rows, 34 MB of 41-chunk ones), a chunk's wire ids (~0.7 KB at
+# 200 tokens: ~12 MB).
 # A CDC status flip sends a row's unchanged text again: found here, it is not chunked again (0.35 ms of CPU
 # for a 400-character row, measured) nor its chunks tokenized (0.25 ms more); 256 whole texts were kept
 # before, so a table of more rows than that missed on every flip.
@@ -174,7 +175,7 @@ class Chunker:
             encodings = self.tokenizer.encode_batch([texts[i] for i in todo], add_special_tokens=False)
             for i, encoding in zip(todo, encodings):
                 out[i] = self._fit(texts[i], *self._plan_spans(texts[i], 0, encoding, self.chunk_tokens, self.overlap_tokens))
-                self._recent.put(_digest(texts[i]), array("q", [x for span in out[i] for x in span]))
+                self._recent.put(_digest(texts[i]), array("I", [x for span in out[i] for x in span]))
         return out
 
     def _fit(self, text: str, spans: list[tuple[int, int]], checked: list[bool]) -> list[tuple[int, int]]:

@@ -453,6 +453,9 @@ def _run(bootstrap, pg, info, plan, step_s, backlog_docs, target_ms, out_dir, mo
         return sum(ends[tp] - (lag.committed(tp) or 0) for tp in tps)
 
     result = CdcBenchResult(cpu_line(), info.versions, target_ms)
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    result.table = os.path.join(out_dir, f"cdc-{stamp}.json")
     counter = [0]
     writers = None
     try:
@@ -474,6 +477,7 @@ def _run(bootstrap, pg, info, plan, step_s, backlog_docs, target_ms, out_dir, mo
                         with ChunkPublisher(k, lane="bulk", record_documents=False) as publisher:
                             publisher.publish_documents(documents(backlog_docs, seed=int(rate)), chunker)
                     result.steps.append(_step(rig, mix, rate, step_s, backlog, counter))
+                    _save(result)  # after every step: a run cut short keeps what it measured
                     s = result.steps[-1]
                     ours = s.stages.get("ours")
                     print(f"  {mix:8s} {'backlog' if backlog else 'idle   '} {rate:6.1f}/s ({s.achieved:.0f}/s "
@@ -481,6 +485,7 @@ def _run(bootstrap, pg, info, plan, step_s, backlog_docs, target_ms, out_dir, mo
                           f"{ours.p95_ms if ours else float('nan'):6.0f} ms  forward/change "
                           f"{s.forward_per_change:5.2f}  ({s.seen}/{s.changes} seen)  load {s.load[0]:.1f}", flush=True)
             result.index_equals_table[mix] = _index_equals_table(rig)
+            _save(result)
             print(f"  {mix}: index equals table: {result.index_equals_table[mix]}", flush=True)
     finally:
         if writers is not None:
@@ -493,17 +498,17 @@ def _run(bootstrap, pg, info, plan, step_s, backlog_docs, target_ms, out_dir, mo
         lag.close()
         store.close()
         connect.unregister(info, f"bench{tag}")
-    os.makedirs(out_dir, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    result.table = os.path.join(out_dir, f"cdc-{stamp}.json")
-    with open(result.table, "w") as fh:
-        json.dump(asdict(result), fh, indent=2)
     result.png = os.path.join(out_dir, f"cdc-{stamp}.png")
     try:
         plot(result, result.png)
     except ImportError as exc:
         result.png = f"none ({exc}; pip install 'embedstream[bench]' for it)"
     return result
+
+
+def _save(result: CdcBenchResult) -> None:
+    with open(result.table, "w") as fh:
+        json.dump(asdict(result), fh, indent=2)
 
 
 def highest_rate(result: CdcBenchResult, mix: str, backlog: bool, target_ms: float | None = None) -> float | None:
