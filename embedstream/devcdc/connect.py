@@ -45,18 +45,18 @@ CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 QUIET_LOGGERS = ("org.apache.kafka.clients", "org.apache.kafka.common", "org.reflections", "org.eclipse.jetty",
                  "org.glassfish", "org.apache.kafka.connect.runtime.rest")
 
-# Latency settings, the same in compose/cdc/connector.json (tests/unit/test_cdc_rig_settings.py). Measured on the
-# rig, 2 vCPUs at load average ~20, COMMIT -> the change record in Kafka with PostgreSQL's synchronous_commit on
-# (devcdc/postgres.py), median (p95) at 200 changes/s:
+# Latency settings, the same in compose/cdc/connector.json (tests/unit/test_cdc_rig_settings.py). Measured with
+# `embedstream bench cdc-settings` (one run; Intel Xeon, 2 vCPUs, load average 8-18; 200 changes/s from 4 writers):
+# COMMIT -> the change record in Kafka, median (p95), with PostgreSQL's synchronous_commit on (devcdc/postgres.py).
 #
 # Debezium waits poll.interval.ms twice: its streaming loop sleeps it after 5 empty reads of the replication
-# stream, and the Connect task's poll waits it for a batch to fill. At 100 ms: 103 (184) ms; 10 ms: 15 (30);
-# 5 ms: 13 (40); 1 ms: 9 (31) (Debezium's default is 500). The price is idle wake-ups: the Connect JVM with one
-# idle connector used 1.4-1.8% of a core at 100 ms, 7.4% at 10, 10.7% at 5, 21.5% at 1.
+# stream, and the Connect task's poll waits it for a batch to fill. 500 ms (Debezium's default): 456 (796) ms;
+# 100: 88 (186); 10: 8-11 (21-49); 5: 5 (25); 1: 4 (98). The price is idle wake-ups: the Connect JVM with one
+# idle connector used 0.7% of a core at 500, 1.5% at 100, 6-9% at 10, 11.7% at 5, 28.4% at 1.
 POLL_INTERVAL_MS = "10"
 # Connect's producer sends a change record at once instead of lingering 5 ms (Kafka 4's default) for company:
-# Connect's send -> our consumer 7.4 -> 1.7 ms (24 -> 9). Connect keeps one request in flight per task, so
-# records still batch while one is out.
+# 13.2 (35.1) ms with 5, 8.2-11.4 (20.8-48.6) with 0. Connect keeps one request in flight per task, so records
+# still batch while one is out.
 PRODUCER_LINGER_MS = "0"
 
 

@@ -43,9 +43,10 @@ CDC_SETTINGS = {
     "max_replication_slots": "10",
     "fsync": "off",
     # A logical walsender sends only WAL that is flushed. With synchronous_commit off a COMMIT waits for the
-    # WAL writer's next round (wal_writer_delay, 200 ms) before Debezium can see it: COMMIT -> Debezium's
-    # ts_ms measured 222 ms median (365 p95) at 200 commits/s off, 0.3 ms (10 p95) on (poll.interval.ms 10).
-    # With fsync off the flush is a write(): a COMMIT's round trip went from 0.29 to 0.38 ms (median).
+    # WAL writer's next round (wal_writer_delay, 200 ms) before Debezium can read it: COMMIT -> the connector
+    # read it 181 ms median (306 p95) at 200 commits/s off, 0.3-1.3 ms (10-23) on (`embedstream bench
+    # cdc-settings`, devcdc/connect.py). With fsync off the flush is a write(): the UPDATE's round trip stayed
+    # 0.44-0.53 ms (median).
     "synchronous_commit": "on",
     "full_page_writes": "off",
     "shared_buffers": "64MB",
