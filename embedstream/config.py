@@ -321,7 +321,8 @@ class WorkerSettings(BaseModel):
         default=256, ge=1, description="Rerank worker: requests queued above which its partitions are paused"
     )
     commit_interval_s: float = Field(
-        default=0.25, ge=0, description="Embed worker: commit at most this often under load (an idle loop commits at once)"
+        default=0.25, ge=0, description="Embed worker and CDC bridge: commit at most this often under load (an idle loop "
+                                        "commits at once)"
     )
     flush_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest wait for dead letters and replies to be acknowledged before a commit"

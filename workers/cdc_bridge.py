@@ -19,6 +19,7 @@ redelivery, which is harmless: chunks are idempotent upserts and skipped when un
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,6 +44,7 @@ log = logs.get("embedstream.cdc")
 
 TruncatePolicy = Literal["dead-letter", "ignore"]
 METRICS_LANE = "cdc"
+PUBLISH_LINGER_MS = 100  # never waited out: every batch is flushed (see CdcBridge.__init__)
 
 
 @dataclass
@@ -107,8 +109,12 @@ class CdcBridge(WorkerLoop):
         self.options = options
         if create_topics:
             ensure_topics(self.kafka, topics=[self.kafka.topic_dead_letters])
+        # Every batch ends with a flush, which sends what lingers at once: a linger only gathers the batch's
+        # events (its chunks, tail deletes and documents-log records) into one request per topic. A flush of
+        # 5 events took 5.6 ms median with linger 0 (a request each) and 1.3 ms with 5 ms or more (the dev broker on
+        # loopback, load average ~20).
         self.publisher = ChunkPublisher(self.kafka, lane=options.lane, collection=options.collection,
-                                        create_topics=create_topics)
+                                        create_topics=create_topics, producer_config={"linger.ms": PUBLISH_LINGER_MS})
         membership = {} if self.kafka.session_timeout_ms else {"session_timeout_ms": options.session_timeout_ms}
         if options.instance_id and not self.kafka.instance_id():
             membership["group_instance_id"] = options.instance_id
@@ -116,13 +122,19 @@ class CdcBridge(WorkerLoop):
                                   options.max_poll_records, librdkafka=False,  # read_committed, as every lane
                                   **membership)
         self.memory = DocumentMemory(self.kafka)
+        self.last_commit = 0.0
 
     # -- one poll ------------------------------------------------------------------------------
     def run_once(self) -> int:
         records = self.lane.poll(self.options.poll_timeout_ms)
         if records:
             self._handle(records)
-        self.lane.commit()
+        # A synchronous commit is a broker round trip before the next poll: while changes keep coming, commit
+        # every commit_interval_s (a crash redelivers at most that much, harmlessly); after an empty poll, at once.
+        now = time.monotonic()
+        if not records or now - self.last_commit >= self.tuning.commit_interval_s:
+            self.lane.commit()
+            self.last_commit = now
         self.lane.record_lag(self.metrics)
         return len(records)
 

@@ -173,6 +173,8 @@ def bench_cdc(
                                                "default per mix: flips 20 50 100 200 300, long-flips 5 10 20 50, "
                                                "edits 1 2 5 10, rewrites 1 2 5 10 20"),
     step_s: float = typer.Option(10.0, help="Seconds per rate"),
+    writers: int = typer.Option(4, min=1, help="Writer processes, each on its own PostgreSQL connection, committing "
+                                "one UPDATE per transaction; together they make the rate"),
     backlog_docs: int = typer.Option(400, help="Documents put on the bulk lane before each backlog step (0: idle only)"),
     target_ms: float = typer.Option(1000.0, help="The p95 freshness target the summary line reports against"),
     port: BrokerPort = BROKER_PORT,
@@ -181,7 +183,8 @@ def bench_cdc(
     out: str = typer.Option("bench-results", help="Folder for the table (JSON) and the PNG"),
 ) -> None:
     """CDC freshness and cost by change mix on the real rig: COMMIT in PostgreSQL -> readable in Qdrant,
-    p50/p95/p99, forward passes per change and stage shares at stepped rates, idle and while a bulk backlog
+    p50/p95/p99, forward passes per change and each stage's p50/p95 and share (COMMIT -> Debezium -> Kafka ->
+    bridge -> embed worker -> store write -> searchable) at stepped rates, idle and while a bulk backlog
     drains; after each mix, whether the index equals the table."""
     from embedstream.bench import cdc_bench
 
@@ -191,7 +194,27 @@ def bench_cdc(
         raise typer.BadParameter(str(exc), param_hint="--mix") from None
     logs.configure(level="WARNING")
     cdc_bench.print_table(cdc_bench.run(rate, step_s, backlog_docs, port, pg_port, rest_port, target_ms, out,
-                                        mixes=mix))
+                                        mixes=mix, writers=writers))
+
+
+@app.command("cdc-settings")
+def bench_cdc_settings(
+    rate: float = typer.Option(200.0, help="Row changes per second"),
+    step_s: float = typer.Option(10.0, help="Seconds of changes per setting"),
+    idle_s: float = typer.Option(10.0, help="Seconds the Connect worker's CPU is measured with the connector idle"),
+    writers: int = typer.Option(4, min=1, help="Writer processes, each on its own PostgreSQL connection"),
+    port: BrokerPort = BROKER_PORT,
+    pg_port: int = typer.Option(5432, help="Port of the dev PostgreSQL (started when not running)"),
+    rest_port: int = typer.Option(8083, help="Port of the dev Connect worker's REST API"),
+    out: str = typer.Option("bench-results", help="Folder for the table (JSON)"),
+) -> None:
+    """What each latency setting of the CDC rig buys: COMMIT -> the change record in Kafka (Debezium's part alone),
+    p50/p95, with the rig's settings and one changed at a time (synchronous_commit, poll.interval.ms, Connect's
+    producer linger), and the Connect worker's CPU idle and busy, in one run."""
+    from embedstream.bench import cdc_settings
+
+    logs.configure(level="WARNING")
+    cdc_settings.print_table(cdc_settings.run(rate, step_s, idle_s, writers, port, pg_port, rest_port, out))
 
 
 @app.command("quality")

@@ -45,6 +45,20 @@ CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 QUIET_LOGGERS = ("org.apache.kafka.clients", "org.apache.kafka.common", "org.reflections", "org.eclipse.jetty",
                  "org.glassfish", "org.apache.kafka.connect.runtime.rest")
 
+# Latency settings, the same in compose/cdc/connector.json (tests/unit/test_cdc_rig_settings.py). Measured with
+# `embedstream bench cdc-settings` (one run; Intel Xeon, 2 vCPUs, load average 8-18; 200 changes/s from 4 writers):
+# COMMIT -> the change record in Kafka, median (p95), with PostgreSQL's synchronous_commit on (devcdc/postgres.py).
+#
+# Debezium waits poll.interval.ms twice: its streaming loop sleeps it after 5 empty reads of the replication
+# stream, and the Connect task's poll waits it for a batch to fill. 500 ms (Debezium's default): 456 (796) ms;
+# 100: 88 (186); 10: 8-11 (21-49); 5: 5 (25); 1: 4 (98). The price is idle wake-ups: the Connect JVM with one
+# idle connector used 0.7% of a core at 500, 1.5% at 100, 6-9% at 10, 11.7% at 5, 28.4% at 1.
+POLL_INTERVAL_MS = "10"
+# Connect's producer sends a change record at once instead of lingering 5 ms (Kafka 4's default) for company:
+# 13.2 (35.1) ms with 5, 8.2-11.4 (20.8-48.6) with 0. Connect keeps one request in flight per task, so records
+# still batch while one is out.
+PRODUCER_LINGER_MS = "0"
+
 
 @dataclasses.dataclass(frozen=True)
 class ConnectInfo:
@@ -92,7 +106,8 @@ def _root(rest_port: int, data_dir: Path | str | None) -> Path:
 
 
 def worker_properties(bootstrap: str, rest_port: int, root: Path) -> str:
-    """Standalone worker: JSON without schemas unless a connector says otherwise, offsets flushed every second."""
+    """Standalone worker: JSON without schemas unless a connector says otherwise, offsets flushed every second
+    (how far PostgreSQL keeps WAL for the slot and a restart replays; not on the path of a change)."""
     props = {
         "bootstrap.servers": bootstrap,
         "listeners": f"http://{HOST}:{rest_port}",
@@ -103,7 +118,7 @@ def worker_properties(bootstrap: str, rest_port: int, root: Path) -> str:
         "offset.storage.file.filename": str(root / "offsets.dat"),
         "offset.flush.interval.ms": "1000",
         "plugin.discovery": "service_load",  # the jars ship ServiceLoader manifests: no class scan at start
-        "producer.linger.ms": "5",
+        "producer.linger.ms": PRODUCER_LINGER_MS,
     }
     return "# Written by embedstream.devcdc on every start.\n" + "".join(f"{k}={v}\n" for k, v in props.items())
 
@@ -134,8 +149,8 @@ def debezium_config(pg: PostgresInfo, table: str, topic_prefix: str, *, slot: st
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": str(schemas).lower(),
         "value.converter.schemas.enable": str(schemas).lower(),
-        "poll.interval.ms": "100",
-        "status.update.interval.ms": "1000",
+        "poll.interval.ms": POLL_INTERVAL_MS,
+        "status.update.interval.ms": "1000",  # how often the slot's confirmed position is reported
     }
     if flatten:
         config |= {"transforms": "unwrap", "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",

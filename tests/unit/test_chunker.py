@@ -267,3 +267,35 @@ def test_a_one_sentence_edit_changes_only_the_chunks_near_it(tokenizer, docstrin
         assert after[: new[0]] == before[: new[0]], "every chunk before the edit is kept"
         changed.append(len(new))
     assert sum(changed) / len(changed) <= 3, changed  # issue #36's target: <= 3 chunks re-embedded per edit
+
+
+class _Counting:
+    """A tokenizer (or TextTokenizer) that counts the batches it encodes; everything else goes to the real one."""
+
+    def __init__(self, real, method: str):
+        self.real, self.method, self.calls = real, method, 0
+        setattr(self, method, self._count)
+
+    def _count(self, *args, **kwargs):
+        self.calls += 1
+        return getattr(self.real, self.method)(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_text_chunked_among_the_latest_thousands_is_not_tokenized_again(spec, docstrings):
+    """A CDC status flip sends a row's unchanged text again: the chunker finds its spans (and ChunkIds its chunks'
+    ids) by the text's digest, for thousands of rows, not the latest 256 only."""
+    chunker = Chunker.for_model(spec, 200, 32)
+    texts = [f"Row {i}.\n\n{docstrings[i % len(docstrings)]}" for i in range(3000)]
+    first = [chunker.chunk(text) for text in texts]
+    ids = [chunker.ids.encode(chunks) for chunks in first]
+    chunker.tokenizer = _Counting(chunker.tokenizer, "encode_batch")
+    chunker.ids.tokenizer = _Counting(chunker.ids.tokenizer, "encode_many")
+    again = [chunker.chunk(text) for text in texts[:50]]  # the oldest ones
+    assert again == first[:50]
+    assert [chunker.ids.encode(chunks) for chunks in again] == ids[:50]
+    assert (chunker.tokenizer.calls, chunker.ids.tokenizer.calls) == (0, 0)
+    edited = texts[0] + " One more sentence."
+    assert chunker.chunk(edited) and chunker.tokenizer.calls == 1  # a new text is chunked
