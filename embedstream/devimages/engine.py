@@ -3,7 +3,9 @@
 Where a Docker engine answers (``DOCKER_HOST``, else the default socket), it is used unchanged. On a Debian
 machine without one, ``up`` sets up and starts rootful podman as the engine:
 
-* Debian's podman, runc, netavark, aardvark-dns, fuse-overlayfs, uidmap and mmdebstrap (apt-get, once);
+* Debian's podman, runc, netavark, aardvark-dns, iptables (netavark's firewall: without it a container with
+  a network fails to start, "netavark: No such file or directory"), fuse-overlayfs, uidmap and mmdebstrap
+  (apt-get, once);
 * a containers.conf of our own (``CONTAINERS_CONF``): runc, since crun 1.8 refuses a cgroup v1/v2 hybrid
   host ("cgroups in hybrid mode not supported"); ulimits within the host's hard limits, since podman's
   rootful nofile default of 1048576 fails without CAP_SYS_RESOURCE ("setrlimit RLIMIT_NOFILE");
@@ -38,7 +40,7 @@ STATE = ROOT / "engine"
 CONTAINERS_CONF = STATE / "containers.conf"
 DEFAULT_SOCKET = Path("/run/docker.sock")  # /var/run/docker.sock: where the docker CLI looks by default
 
-APT_PACKAGES = ["podman", "runc", "netavark", "aardvark-dns", "fuse-overlayfs", "uidmap", "mmdebstrap"]
+APT_PACKAGES = ["podman", "runc", "netavark", "aardvark-dns", "iptables", "fuse-overlayfs", "uidmap", "mmdebstrap"]
 
 # Newest Compose on the Go module proxy that builds with Go 1.26.8 (v5.7.x asks for a newer Go).
 COMPOSE_MODULE = "github.com/docker/compose/v5"
@@ -124,14 +126,16 @@ def _nofile() -> int:
 
 def install_packages() -> None:
     """Debian's podman and its helpers, when podman is missing (apt-get, as root)."""
-    if shutil.which("podman") and shutil.which("mmdebstrap"):
+    missing = [p for p in APT_PACKAGES if subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True).stdout.split()[-1:] != ["installed"]]
+    if not missing:
         return
     if os.geteuid() != 0:
-        raise DevImagesError("podman is not installed and this is not root: apt-get install " + " ".join(APT_PACKAGES))
+        raise DevImagesError("podman is not set up and this is not root: apt-get install " + " ".join(missing))
     log = LOGS / "engine-apt.log"
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-q"], log=log, env=env, timeout=900, what="apt-get update")
-    run(["apt-get", "install", "-y", "-q", *APT_PACKAGES], log=log, env=env, timeout=1800,
+    run(["apt-get", "install", "-y", "-q", *missing], log=log, env=env, timeout=1800,
         what="apt-get install podman")
 
 
