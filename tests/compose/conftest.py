@@ -1,0 +1,65 @@
+"""The compose stack for tests/compose/: set up where it can be (the engine: `embedstream dev compose up`;
+the images: `embedstream dev images build`, warm from the caches), started once per session with the
+README's `docker compose up -d --build --wait`, and removed with its volumes at the end.
+
+No engine, no compose plugin or no Qdrant server binary for the qdrant image: every test here fails with the
+reason, unless the run leaves the part out by name (EMBEDSTREAM_TEST_LEAVE_OUT=compose, tests/parts.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import stack as st
+from parts import require
+
+
+def _engine_problem() -> str | None:
+    from embedstream.devimages import engine
+    from embedstream.devimages.errors import DevImagesError
+
+    if shutil.which("docker") is None:
+        return "no docker CLI on PATH (the compose tests drive `docker compose`)"
+    try:
+        engine.start()
+    except DevImagesError as exc:
+        return f"no container engine: {exc.message}"
+    return None
+
+
+def _images_problem() -> str | None:
+    from embedstream.devimages import images
+
+    names = [n for n in images.images(images.Options()) if n != "embedstream"]  # compose --build makes that one
+    results = images.build_images(names, images.Options(), echo=lambda line: None)
+    st.TIMINGS.update({f"image {r.name} (warm)": r.seconds or 0.0 for r in results})
+    failed = [f"{r.name}: {r.error}" for r in results if r.error]
+    return "images not built: " + "; ".join(failed) if failed else None
+
+
+@pytest.fixture(scope="session")
+def compose_stack():
+    """The default stack, healthy (`up -d --build --wait`); yields nothing, the tests talk to its ports."""
+    problem = st.timed("engine set-up", _engine_problem)
+    require("compose", problem is None, problem or "")
+    problem = st.timed("images build (warm)", _images_problem)
+    require("compose", problem is None, problem or "")
+    st.compose("down", "-v", "--remove-orphans", "-t", "5", profiles=("cdc", "rerank"), check=False)
+    busy = [p for p in st.HOST_PORTS if st.port_busy(p)]
+    require("compose", not busy, f"host ports {busy} are taken: the compose stack publishes them")
+    try:
+        st.timed("up -d --build --wait", st.compose, "up", "-d", "--build", "--wait", "--wait-timeout", "900",
+                 timeout=3000)
+        yield
+    finally:
+        st.compose("down", "-v", "--remove-orphans", "-t", "10", profiles=("cdc", "rerank"), check=False,
+                   timeout=600)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if st.TIMINGS:
+        terminalreporter.write_sep("-", "compose stack: seconds per step")
+        for name, seconds in st.TIMINGS.items():
+            terminalreporter.write_line(f"{name:55s} {seconds:8.1f}")
