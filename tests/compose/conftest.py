@@ -16,12 +16,17 @@ import stack as st
 from parts import require
 
 
+_STARTED_HERE: list[bool] = []
+
+
 def _engine_problem() -> str | None:
+    """Set up and start the engine where none answers (`embedstream dev compose up`); None when it answers."""
     from embedstream.devimages import engine
     from embedstream.devimages.errors import DevImagesError
 
     if shutil.which("docker") is None:
         return "no docker CLI on PATH (the compose tests drive `docker compose`)"
+    _STARTED_HERE.append(engine.engine_version() is None)
     try:
         engine.start()
     except DevImagesError as exc:
@@ -56,6 +61,10 @@ def compose_stack():
     finally:
         st.compose("down", "-v", "--remove-orphans", "-t", "10", profiles=("cdc", "rerank"), check=False,
                    timeout=600)
+        if any(_STARTED_HERE):  # nothing the run started outlives it: the engine it started stops too
+            from embedstream.devimages import engine
+
+            engine.stop()
 
 
 def pytest_terminal_summary(terminalreporter):
