@@ -46,7 +46,7 @@ def go_binary(module: str, version: str, package: str, name: str, *, ldflags: st
             return out
         env = {"GOFLAGS": "-mod=mod", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}
         meta = json.loads(run([go, "mod", "download", "-json", f"{module}@{version}"], log=log, env=env,
-                              timeout=GO_BUILD_TIMEOUT_S, what=f"go mod download {module}@{version}"))
+                              timeout=GO_BUILD_TIMEOUT_S, what=f"go mod download {module}@{version}", capture=True))
         src = home / "src"
         shutil.rmtree(src, ignore_errors=True)
         shutil.copytree(meta["Dir"], src)
