@@ -344,12 +344,16 @@ class Image:
     builder: Callable[..., None]
     needs: tuple[str, ...] = ("base",)
     what: str = ""
+    # The tag says everything the image holds (the wheelhouse's is a hash of the pins; the base is Debian
+    # bookworm as of its build): an existing one is kept unless --no-cache.
+    kept: bool = False
 
 
 def images(opts: Options) -> dict[str, Image]:
     kafka, debezium = connect_versions()
     return {i.name: i for i in [
-        Image("base", lambda: BASE_TAG, lambda o, log, tag: build_base(o, log), (), "Debian bookworm, mmdebstrap"),
+        Image("base", lambda: BASE_TAG, lambda o, log, tag: build_base(o, log), (), "Debian bookworm, mmdebstrap",
+              kept=True),
         Image("python", lambda: PYTHON_TAG, _recipe("python"), what="Debian's Python 3.11"),
         Image("kafka", lambda: f"docker.io/apache/kafka:{kafka_version()}", _recipe("kafka", _fill_kafka),
               what="Apache Kafka (KRaft), Maven Central"),
@@ -360,7 +364,7 @@ def images(opts: Options) -> dict[str, Image]:
               what=f"Kafka Connect {kafka} + Debezium, Maven Central"),
         Image("qdrant", lambda: f"docker.io/qdrant/qdrant:{QDRANT_VERSION}", _recipe("qdrant", _qdrant_filler(opts)),
               what="Qdrant server binary by path"),
-        Image("wheelhouse", wheelhouse_tag, build_wheelhouse, (), "the project's wheels, PyPI"),
+        Image("wheelhouse", wheelhouse_tag, build_wheelhouse, (), "the project's wheels, PyPI", kept=True),
         Image("embedstream", lambda: PROJECT_TAG, build_project, ("python", "wheelhouse"), "the Dockerfile"),
     ]}
 
@@ -403,6 +407,10 @@ def build_images(names: list[str] | None, opts: Options, echo: Callable[[str], N
         if blocked:
             failed.add(name)
             results.append(Result(name, tag, None, None, f"needs {', '.join(blocked)}"))
+            continue
+        if image.kept and not opts.no_cache and image_exists(tag):
+            results.append(Result(name, tag, 0.0, image_size(tag)))
+            echo(f"  {name}: {tag} exists (its tag says what it holds): kept")
             continue
         log = LOGS / f"image-{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
