@@ -144,12 +144,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         pip install -r /tmp/requirements-openvino.txt; \
     fi
 
-# 3) The package itself (dependencies are already in place).
-COPY . .
-RUN --mount=type=cache,target=/root/.cache/pip --mount=type=bind,from=wheelhouse,source=/wheels,target=/wheels \
-    export PIP_FIND_LINKS=/wheels; if [ -n "$(ls -A /wheels)" ]; then export PIP_NO_INDEX=1; fi; \
-    pip install --no-deps . \
-    && embedstream --help > /dev/null
+# The package itself is installed in the runtime stage (3) below: the dependencies' venv (GBs with torch)
+# stays one cached layer there, and a change of the project's code rebuilds only a small one.
 
 # ---------------------------------------------------------------------------------------------
 # Runtime
@@ -177,6 +173,12 @@ RUN groupadd --system --gid 10001 embedstream \
     && chown embedstream:embedstream /app
 
 COPY --from=builder /opt/venv /opt/venv
+
+# 3) The package itself, on the dependencies already in place (the build backend, setuptools, is in the venv
+#    from step 1: no index needed). Only this layer changes with the project's code.
+COPY . /tmp/src
+RUN cd /tmp/src && pip install --no-deps --no-build-isolation --no-cache-dir . \
+    && cd / && rm -rf /tmp/src && embedstream --help > /dev/null
 
 WORKDIR /app
 USER 10001:10001
