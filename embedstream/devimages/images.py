@@ -331,7 +331,9 @@ def compose_build_env() -> dict[str, str]:
 
 
 def build_project(opts: Options, log: Path, tag: str) -> None:
-    args = {"PYTHON_IMAGE": PYTHON_TAG, "VARIANT": "cpu"}
+    """The Dockerfile with the build args docker-compose.yml passes (so `docker compose build` finds every
+    layer cached): its default PYTHON_IMAGE is the python image built here."""
+    args = {"VARIANT": "cpu"}
     if image_exists(wheelhouse_tag()):
         args["WHEELHOUSE_IMAGE"] = wheelhouse_tag()
     build(REPO, [tag], containerfile=REPO / "Dockerfile", args=args, log=log, no_cache=opts.no_cache)
