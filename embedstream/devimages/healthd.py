@@ -4,8 +4,8 @@ Podman runs healthchecks from systemd timers; on a machine without systemd none 
 stays "starting" for ever, and ``depends_on: condition: service_healthy`` or ``docker compose up --wait``
 never return. This loop stands in for the timers: ``podman healthcheck run`` (which keeps podman's own
 health log, retries and start period) for each container, every ``Interval`` of its healthcheck, and every
-``START_INTERVAL_S`` while it is still starting (as Docker's start interval), at most one at a time per
-container. Started and stopped by ``embedstream dev compose up|down`` (engine.py).
+``START_INTERVAL_S`` within its start period while not yet healthy (as Docker's start interval: failures
+there do not count), at most one at a time per container. Started and stopped by ``embedstream dev compose up|down`` (engine.py).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _inspect(podman: str, ids: list[str]) -> dict[str, dict]:
         if not test or test[0] == "NONE":
             check = None
         health = ((item.get("State") or {}).get("Health") or {}).get("Status", "")
-        found[item["Id"]] = {"check": check, "health": health}
+        found[item["Id"]] = {"check": check, "health": health, "seen": time.monotonic()}
     return found
 
 
@@ -91,10 +91,13 @@ def main() -> int:
                         proc.kill()
                     continue
                 running.pop(cid)
-                info["health"] = "healthy" if proc.returncode == 0 else info["health"]
+                if proc.returncode == 0:
+                    info["healthy_once"] = True
                 interval = _seconds(check.get("Interval")) or DEFAULT_INTERVAL_S
-                # still starting (or failing): look again soon, as Docker's start interval does
-                due[cid] = now + (interval if proc.returncode == 0 else min(interval, START_INTERVAL_S))
+                # not yet healthy, within the start period: look again soon (Docker's start interval);
+                # after it, every interval, so `retries` failures take as long as under Docker
+                starting = not info.get("healthy_once") and now - info["seen"] < _seconds(check.get("StartPeriod"))
+                due[cid] = now + (min(interval, START_INTERVAL_S) if starting else interval)
                 continue
             if now < due.setdefault(cid, now + START_INTERVAL_S):
                 continue
