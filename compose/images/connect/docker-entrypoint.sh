@@ -29,10 +29,12 @@ config=/kafka/config/connect-distributed.properties
   echo "rest.advertised.port=${ADVERTISED_PORT:-${REST_PORT:-8083}}"
   echo "plugin.path=/kafka/connect"
   echo "offset.flush.interval.ms=${OFFSET_FLUSH_INTERVAL_MS:-60000}"
-  env | grep -E '^CONNECT_[A-Z0-9_]+=' | while IFS= read -r line; do
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
     name="${line%%=*}"; key="${name#CONNECT_}"; key="${key,,}"; printf '%s=%s\n' "${key//_/.}" "${line#*=}"
-  done
+  done <<< "$(env | grep -E '^CONNECT_[A-Z0-9_]+=' || true)"
 } > "$config"
+echo "Kafka Connect ${KAFKA_VERSION:-} with Debezium ${DEBEZIUM_VERSION:-}: $config"
 exec java ${HEAP_OPTS:--Xms256M -Xmx1G} -XX:+UseG1GC -Djava.awt.headless=true \
   -Dlog4j2.configurationFile=/kafka/log4j2.properties ${KAFKA_OPTS:-} \
   -cp "/kafka/libs/*" org.apache.kafka.connect.cli.ConnectDistributed "$config"
