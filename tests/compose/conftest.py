@@ -52,6 +52,11 @@ def _images_problem() -> str | None:
 @pytest.fixture(scope="session")
 def compose_stack():
     """The default stack, healthy (`up -d --wait`); yields nothing, the tests talk to its ports."""
+    from embedstream.devimages import images
+
+    binary = images.default_qdrant_binary()  # before anything slow: no binary, no Qdrant image, no stack
+    require("compose", binary.is_file(), f"no Qdrant server binary at {binary} for the qdrant image (give one with "
+                                         f"${images.QDRANT_BINARY_ENV}; compose/README.md says where to get one)")
     problem = st.timed("engine set-up", _engine_problem)
     require("compose", problem is None, problem or "")
     problem = st.timed("images build (warm)", _images_problem)
