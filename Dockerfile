@@ -28,6 +28,13 @@
 #   MAX_JOBS           parallel compile jobs for flash-attn (default 4)
 #   INSTALL_OPENVINO   0 (default) | 1: the OpenVINO CPU backend (extra "openvino"; bulk workers
 #                      at 2+ threads or int8: EMBEDSTREAM_ENGINE__BACKEND=openvino)
+#   PYTHON_IMAGE       Python base of VARIANT=cpu (default python:3.11-slim-bookworm; `embedstream dev
+#                      images build` makes a Debian-built one under that name where no registry answers)
+#   WHEELHOUSE_IMAGE   an image whose /wheels holds every wheel the build installs (`embedstream dev images
+#                      build wheelhouse`, from PyPI): pip then uses no package index at all, so the build
+#                      needs no network (an air-gapped site, or one that cannot reach the PyTorch index).
+#                      The wheelhouse holds PyPI's torch, the CUDA build (+ its nvidia-* wheels): it serves
+#                      both variants. Default: none, the indexes above.
 #
 # Run:
 #   docker run --rm embedstream:cpu --help
@@ -46,6 +53,16 @@
 ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_VERSION=12.8.1
+ARG WHEELHOUSE_IMAGE=wheelhouse-none
+
+# ---------------------------------------------------------------------------------------------
+# The wheels pip installs from: an empty /wheels (the package indexes) unless WHEELHOUSE_IMAGE names
+# an image that holds them. Mounted into the builder's pip steps, never copied into an image.
+# ---------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS wheelhouse-none
+RUN mkdir -p /wheels
+
+FROM ${WHEELHOUSE_IMAGE} AS wheelhouse
 
 # ---------------------------------------------------------------------------------------------
 # Python bases. Builder and runtime of one variant share the interpreter path, so the virtual
@@ -85,7 +102,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=bind,from=wheelhouse,source=/wheels,target=/wheels \
+    export PIP_FIND_LINKS=/wheels; if [ -n "$(ls -A /wheels)" ]; then export PIP_NO_INDEX=1; fi; \
     python3.11 -m venv /opt/venv \
     && pip install --upgrade pip setuptools wheel
 
@@ -95,8 +113,9 @@ WORKDIR /src
 #    torch first, from TORCH_INDEX_URL; then the remaining pins from PyPI. A CPU wheel's
 #    version "X+cpu" satisfies the "torch==X" pin, so pip keeps it.
 COPY pyproject.toml requirements-models.txt ./
-RUN --mount=type=cache,target=/root/.cache/pip \
+RUN --mount=type=cache,target=/root/.cache/pip --mount=type=bind,from=wheelhouse,source=/wheels,target=/wheels \
     set -eu; \
+    export PIP_FIND_LINKS=/wheels; if [ -n "$(ls -A /wheels)" ]; then export PIP_NO_INDEX=1; fi; \
     python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt; \
     torch_pin="$(grep -E '^torch([<>=!~ ]|$)' /tmp/requirements.txt)"; \
@@ -125,11 +144,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         pip install -r /tmp/requirements-openvino.txt; \
     fi
 
-# 3) The package itself (dependencies are already in place).
-COPY . .
-RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install --no-deps . \
-    && embedstream --help > /dev/null
+# The package itself is installed in the runtime stage (3) below: the dependencies' venv (GBs with torch)
+# stays one cached layer there, and a change of the project's code rebuilds only a small one.
 
 # ---------------------------------------------------------------------------------------------
 # Runtime
@@ -157,6 +173,12 @@ RUN groupadd --system --gid 10001 embedstream \
     && chown embedstream:embedstream /app
 
 COPY --from=builder /opt/venv /opt/venv
+
+# 3) The package itself, on the dependencies already in place (the build backend, setuptools, is in the venv
+#    from step 1: no index needed). Only this layer changes with the project's code.
+COPY . /tmp/src
+RUN cd /tmp/src && pip install --no-deps --no-build-isolation --no-cache-dir . \
+    && cd / && rm -rf /tmp/src && embedstream --help > /dev/null
 
 WORKDIR /app
 USER 10001:10001

@@ -7,6 +7,7 @@
     embedstream worker embed | rerank | cdc      long-running Kafka workers (commands.worker)
     embedstream bench …                          benchmarks (commands.bench)
     embedstream dev kafka start | stop | status  the local broker (commands.dev)
+    embedstream dev compose | images …           the container engine, the compose images (commands.containers)
     embedstream schemas export                   JSON Schema of the wire (commands.schemas)
     embedstream plan                             capacity arithmetic (embedstream.plan.command)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite (starts its own local Kafka broker, and for tests/cdc/ its own
-# PostgreSQL and Kafka Connect with Debezium; no other services needed). Whatever the run starts dies with
+# PostgreSQL and Kafka Connect with Debezium; tests/compose/ sets up the container engine, builds the images
+# from the caches and runs the docker compose stack). Whatever the run starts dies with
 # it, even when it is killed (embedstream/devkafka/leash.py). When the run fails, the evidence of a native
 # crash or a hang is printed (tests/run_rig.py): the faulthandler stacks, the test that was running, py-spy
 # dumps of tests that ran long, core dumps.
@@ -17,7 +18,9 @@ ulimit -c unlimited 2>/dev/null || ulimit -c "$(ulimit -H -c)" 2>/dev/null || tr
 marker="$run_dir/started"
 touch "$marker"
 status=0
-"$venv/bin/python" -m pytest -q -p no:warnings "$@" || status=$?
+# -rfEs: the summary lists every failure, error and skip with its reason (a skip is a part left out by name:
+# EMBEDSTREAM_TEST_LEAVE_OUT, tests/parts.py; a missing real part fails instead).
+"$venv/bin/python" -m pytest -q -p no:warnings -rfEs "$@" || status=$?
 if [ "$status" -ne 0 ]; then
   if [ "$status" -gt 128 ]; then
     echo "embedstream: the test process died of signal $((status - 128)) (exit $status)" >&2

@@ -95,7 +95,8 @@ def _nothing_left_running():
         yield
 
 
-_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc"), "fleet": ("kafka", "fleet")}
+_FOLDER_MARKS = {"kafka": ("kafka",), "slow": ("slow",), "cdc": ("kafka", "cdc"), "fleet": ("kafka", "fleet"),
+                 "compose": ("compose", "slow")}
 # Tests outside slow/ that take a minute or more each on a busy 2-vCPU host (--durations, load 19-25): every
 # command as its own processes on a fresh broker, or an int8 calibration. Marked slow here, by path, so
 # ``-m "not slow"`` is the quick loop; scripts/test.sh runs them all.
@@ -114,7 +115,7 @@ def pytest_collection_modifyitems(config, items):
     """A test's folder says what it needs: ``unit/`` no service (some load the offline weights that the
     set-up installs, never a hub), ``kafka/`` the local broker, ``slow/`` time
     (and the broker), ``cdc/`` the CDC rig (PostgreSQL and Kafka Connect with Debezium, and the broker), ``fleet/``
-    a 3-broker cluster of its own. The folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"``,
+    a 3-broker cluster of its own, ``compose/`` the docker compose stack on a container engine. The folder adds the markers, so ``-m "not kafka"``, ``-m "not slow"``,
     ``-m "not cdc"`` and ``-m "not fleet"`` select by it
     (``_SLOW_PATHS``: the long tests of the other folders are marked slow too)."""
     root = Path(__file__).parent

@@ -1,4 +1,5 @@
-"""`embedstream dev kafka|postgres|connect ...`: the local broker, and the CDC rig (PostgreSQL, Connect + Debezium)."""
+"""`embedstream dev kafka|postgres|connect ...`: the local broker, and the CDC rig (PostgreSQL, Connect + Debezium);
+`embedstream dev compose|images ...`: the container engine and the compose stack's images (commands.containers)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from embedstream.commands.containers import compose_app, images_app
 from embedstream.commands.options import BROKER_PORT, BrokerDataDir, BrokerPort
 
 app = typer.Typer(no_args_is_help=True, help="Local development services.")
 kafka_app = typer.Typer(no_args_is_help=True, help="The local Apache Kafka broker (KRaft), or a cluster of N (--brokers).")
 app.add_typer(kafka_app, name="kafka")
+app.add_typer(compose_app, name="compose")
+app.add_typer(images_app, name="images")
 
 Secure = Annotated[bool, typer.Option(
     "--secure", help="SASL_SSL (SCRAM-SHA-512) with TLS from the data dir's own CA and ACLs enforced; "

@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator
 from embedstream.schemas import CHUNK_TOPIC_ADAPTER, DecodeError, decode, encode, export_json_schemas
 from embedstream.schemas.bounds import MAX_SAFE_INTEGER
 from embedstream.schemas.events import WIRE_MODELS
+from parts import require
 from embedstream.schemas.rerank import RERANK_WIRE_MODELS
 
 AJV_VERSIONS = ("ajv@8.20.0", "ajv-formats@3.0.1")
@@ -247,18 +248,18 @@ def test_limits_json_schema_cannot_state_are_described_and_enforced_by_the_decod
 
 # -- ajv, strict mode -----------------------------------------------------------------------------
 def _ajv_modules() -> Path:
-    """node_modules holding ajv and ajv-formats, installed once into the cache folder; skip when impossible."""
+    """node_modules holding ajv and ajv-formats, installed once into the cache folder; without node or npm, or
+    when the install fails, the test fails (or skips when the part is left out by name: tests/parts.py)."""
     modules = NODE_CACHE / "node_modules"
     if all((modules / name / "package.json").is_file() for name in ("ajv", "ajv-formats")):
         return modules
     npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        pytest.skip("node/npm not installed: ajv strict-mode check not run")
+    require("node", npm is not None and shutil.which("node") is not None,
+            "node/npm not installed: ajv strict-mode check not run")
     NODE_CACHE.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([npm, "install", "--prefix", str(NODE_CACHE), "--no-audit", "--no-fund", *AJV_VERSIONS],
                           capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        pytest.skip(f"npm install {' '.join(AJV_VERSIONS)} failed: {done.stderr.strip()[-500:]}")
+    require("node", done.returncode == 0, f"npm install {' '.join(AJV_VERSIONS)} failed: {done.stderr.strip()[-500:]}")
     return modules
 
 
