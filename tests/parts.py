@@ -20,6 +20,7 @@ PARTS = {
     "go": "helm and the chart validator, built from the Go module proxy (tests/unit/test_helm_chart.py)",
     "node": "ajv's strict-mode schema check under Node.js (tests/unit/test_schema_examples.py)",
     "compose": "the docker compose stack on a container engine (tests/compose/)",
+    "qdrant": "a Qdrant server process from the binary the qdrant image is built from (tests/qdrant_rig.py)",
 }
 
 

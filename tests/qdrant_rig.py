@@ -11,9 +11,9 @@ from pathlib import Path
 from ports import QDRANT_SERVER, port
 from process_rig import popen
 
-QDRANT_VERSION = "v1.19.0"
-BINARY = Path(os.environ.get("EMBEDSTREAM_QDRANT_BIN")
-              or Path.home() / ".cache" / "embedstream" / "qdrant" / QDRANT_VERSION / "qdrant")
+from embedstream.devimages.images import default_qdrant_binary
+
+BINARY = default_qdrant_binary()  # the one the qdrant image is built from ($EMBEDSTREAM_QDRANT_BINARY)
 
 
 class QdrantServer:

@@ -65,10 +65,10 @@ BACKENDS = ["memory", "edge", "server"]
 
 
 def _server(tmp_path_factory, number: int):
+    from parts import require
     from qdrant_rig import BINARY, QdrantServer
 
-    if not BINARY.is_file():
-        pytest.skip(f"no Qdrant server binary at {BINARY} (the set-up builds Qdrant v1.19.0 there)")
+    require("qdrant", BINARY.is_file(), f"no Qdrant server binary at {BINARY}")
     return QdrantServer(tmp_path_factory.mktemp(f"qdrant-server-{number}"), number)
 
 
