@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from ports import QDRANT_SERVER, port
+import run_rig
 from process_rig import popen
 
 from embedstream.devimages.images import default_qdrant_binary
@@ -29,6 +30,7 @@ class QdrantServer:
                    QDRANT__LOG_LEVEL="WARN")
         self.log = open(folder / "qdrant.log", "wb")
         self.proc = popen([str(BINARY)], cwd=folder, env=env, stdout=self.log, stderr=self.log)
+        run_rig.shared(self.proc.pid)  # a module's server, stopped by its fixture
         end = time.monotonic() + 60
         while time.monotonic() < end:
             if self.proc.poll() is not None:

@@ -185,6 +185,15 @@ def _running_services() -> dict[int, str]:
     return out
 
 
+SHARED: set[int] = set()  # processes of module- or session-scoped fixtures: theirs to stop, not a test's
+
+
+def shared(pid: int) -> None:
+    """Declare a process that a fixture of a wider scope started (maybe inside a test, through
+    ``request.getfixturevalue``) and will stop itself: no test is blamed for it running on."""
+    SHARED.add(pid)
+
+
 def _new_services(before: dict[int, str]) -> list[int]:
     """Processes started since ``before`` that are not a restart of one of them (same command line: a test
     that restarts the session's broker or PostgreSQL leaves its replacement running, on purpose)."""
@@ -192,7 +201,7 @@ def _new_services(before: dict[int, str]) -> list[int]:
     gone = Counter(cmd for pid, cmd in before.items() if pid not in now)
     new = []
     for pid, cmd in sorted(now.items()):
-        if pid in before or pid == os.getpid():
+        if pid in before or pid == os.getpid() or pid in SHARED:
             continue
         if gone[cmd] > 0:
             gone[cmd] -= 1
