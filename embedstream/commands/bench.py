@@ -228,6 +228,29 @@ def bench_quality(
     quality_bench.print_table(quality_bench.run(model, queries, k, rescore, threads))
 
 
+@app.command("fusion")
+def bench_fusion(
+    model: str = typer.Option("all-MiniLM-L6-v2", help="Embedding model (registry name or folder)"),
+    tune: str = typer.Option("api", help="Corpus the unit and the dense scale are chosen on (prose, api or numpy)"),
+    report: list[str] = typer.Option(["prose", "numpy"], help="Corpora the choice is reported on, never used for "
+                                     "choosing; repeat the flag"),
+    chunks: int = typer.Option(3000, help="Indexed texts per corpus (at most)"),
+    queries: int = typer.Option(200, help="Queries of each kind (known-item, exact-term, long) per corpus"),
+    threads: Optional[int] = typer.Option(1, help="torch threads for the (cached) embedding run"),
+) -> None:
+    """The default hybrid fusion's sparse unit and dense scale: swept on one corpus, reported on another (every
+    query through the searcher's own hybrid path; docs/fusion.md)."""
+    from embedstream.bench import fusion_bench, hybrid_set
+
+    for name in (tune, *report):
+        if name not in hybrid_set.CORPORA:
+            raise typer.BadParameter(f"unknown corpus {name!r}; choose from {', '.join(hybrid_set.CORPORA)}")
+    if tune in report:
+        raise typer.BadParameter("--report must name other corpora than --tune (never used for choosing)")
+    logs.configure(level="WARNING")
+    fusion_bench.print_table(fusion_bench.run(model, tune, tuple(report), chunks, queries, threads))
+
+
 @app.command("host")
 def bench_host(
     chunks: int = typer.Option(20_000, help="~200-token chunks in the tiny model's backlog"),

@@ -132,11 +132,11 @@ def _from_edge(vector: Any) -> Any:
     return list(vector)
 
 
-def _build_filter(filter: Mapping[str, FilterValue] | None) -> Any:
-    if not filter:
+def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] | None = None) -> Any:
+    if not filter and ids is None:
         return None
-    must = []
-    for field, value in filter.items():
+    must = [] if ids is None else [qe.HasIdCondition({normalize_id(i) for i in ids})]
+    for field, value in (filter or {}).items():
         kind, val = split_filter_value(field, value)
         if kind == "any":
             must.append(qe.FieldCondition(field, match=qe.MatchAny(val)))
@@ -147,12 +147,13 @@ def _build_filter(filter: Mapping[str, FilterValue] | None) -> Any:
     return qe.Filter(must=must)
 
 
-def _params_for(spec: Any) -> Any:
-    """Search params of a vector: rescoring with the originals where it is quantized."""
+def _params_for(spec: Any, exact: bool = False) -> Any:
+    """Search params of a vector: rescoring with the originals where it is quantized; an exact scan if asked."""
     kind = getattr(spec, "quantization", None)
     if kind is None:
-        return None
-    return qe.SearchParams(quantization=qe.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
+        return qe.SearchParams(exact=True) if exact else None
+    return qe.SearchParams(exact=exact,
+                           quantization=qe.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
 
 
 def _query_vector(vector: Any) -> Any:
@@ -500,15 +501,17 @@ class EdgeStore(VectorStore):
         top_k: int,
         filter: Mapping[str, FilterValue] | None = None,
         prefetch: Sequence[Prefetch] | None = None,
+        ids: Sequence[str] | None = None,
+        exact: bool = False,
     ) -> list[Hit]:
         """Native Qdrant query. With ``prefetch`` the engine takes ``limit`` candidates
         per stage on the small vector and rescores them exactly on ``vector_name``;
-        the filter applies to every stage."""
+        the filter (and ``ids``) applies to every stage."""
         check_top_k(top_k)
         col = self.resolve(name)
         specs = self._load_specs(col)
         spec = check_vector_name(specs, vector_name, col)
-        flt = _build_filter(filter)
+        flt = _build_filter(filter, ids)
 
         prefetches = None
         if prefetch:
@@ -522,7 +525,7 @@ class EdgeStore(VectorStore):
                         limit=int(p.limit),
                         query=qe.Query.Nearest(_query_vector(p.vector), using=p.vector_name),
                         filter=flt,
-                        params=_params_for(pspec),
+                        params=_params_for(pspec, exact),
                     )
                 )
         req = qe.QueryRequest(
@@ -532,7 +535,7 @@ class EdgeStore(VectorStore):
             filter=flt,
             with_payload=True,
             with_vector=False,
-            params=_params_for(spec),
+            params=_params_for(spec, exact),
         )
         with self._rw.read():
             res = self._shard(col).query(req)
@@ -540,6 +543,24 @@ class EdgeStore(VectorStore):
             Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name=vector_name)
             for r in res
         ]
+
+    def search_batch(self, name: str, vector_name: str, vectors: Sequence[VectorLike], top_k: int,
+                     exact: bool = False, with_vector: bool = False) -> list[list[Hit]]:
+        """One ``query_batch`` of plain nearest searches."""
+        check_top_k(top_k)
+        if not vectors:
+            return []
+        col = self.resolve(name)
+        spec = check_vector_name(self._load_specs(col), vector_name, col)
+        requests = [qe.QueryRequest(limit=top_k, query=qe.Query.Nearest(_query_vector(v), using=vector_name),
+                                    with_payload=True, with_vector=[vector_name] if with_vector else False,
+                                    params=_params_for(spec, exact))
+                    for v in vectors]
+        with self._rw.read():
+            results = self._shard(col).query_batch(qe.QueryBatchRequest(requests))
+        return [[Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name=vector_name,
+                     vector=_from_edge(r.vector[vector_name]) if with_vector and vector_name in (r.vector or {}) else None)
+                 for r in res] for res in results]
 
     # ---- aliases ---------------------------------------------------------------------
     def _read_aliases(self) -> dict[str, str]:
