@@ -49,7 +49,7 @@ import numpy as np
 
 from embedstream import logs
 from embedstream.bench import hybrid_set
-from embedstream.ranking import FUSIONS, Candidates, Fusion, fuse
+from embedstream.ranking import DENSE_LOGIT_SCALE, FUSIONS, Candidates, Fusion, fuse
 
 KINDS = ("known_item", "exact_term", "long")
 CANDIDATES = 50  # per list, as a search's default top_k
@@ -96,6 +96,7 @@ class CorpusLists:
     queries: list[QueryLists]
     idf_check: float  # the largest relative gap between the store's BM25 scores and sum(idf x weight) computed here
     unit_check: float  # the largest relative gap between the searcher's unit and the idf sum computed here
+    search_check: int  # queries whose top-K from the searcher's own hybrid search is not the one fused here (0)
     seconds: float
 
     def count(self, kind: str) -> int:
@@ -193,6 +194,7 @@ def collect(corpus: str, model: str, chunks: int, queries: int, threads: int | N
             best_weight[t] = max(best_weight.get(t, 0.0), w)
     out: list[QueryLists] = []
     worst = worst_unit = 0.0
+    differ = 0
     with tempfile.TemporaryDirectory(prefix="embedstream-fusion-") as folder:
         store = EdgeStore(folder)
         try:
@@ -203,7 +205,6 @@ def collect(corpus: str, model: str, chunks: int, queries: int, threads: int | N
                              for i in range(at, min(at + 512, len(rows)))])
             vectors = {q.text: v for q, v in zip(labelled.queries, query_vectors)}
             searcher = Searcher(store, lambda text: vectors[text], None, "fusion", sparse=bm25)
-            plan = searcher.plan("fusion")
             for query in labelled.queries:
                 sparse = bm25.encode_texts([query.text], query=True)[0]
                 request = SearchRequest(request_id="b", query=query.text, reply_to="-", rerank=False, mode="hybrid",
@@ -223,12 +224,14 @@ def collect(corpus: str, model: str, chunks: int, queries: int, threads: int | N
                 top = sparse_list.pairs[0][1] if sparse_list.pairs else 0.0
                 units = {"raw": 1.0, "list max": top if top > 0 else 1.0, "term max": term_max if term_max > 0 else 1.0,
                          "idf sum": idf_sum if idf_sum > 0 else 1.0}
-                out.append(QueryLists(query.kind, str(query.answer), len(weights), replace(dense_list),
-                                      replace(sparse_list, unit=1.0), units,
-                                      _before(searcher, plan, dense_list, sparse_list), doc))
+                lists = QueryLists(query.kind, str(query.answer), len(weights), replace(dense_list),
+                                   replace(sparse_list, unit=1.0), units, _before(dense_list, sparse_list), doc)
+                reply = searcher.search(request.model_copy(update={"top_n": K}))
+                differ += [h.id for h in reply.hits] != fused("idf sum", float(DENSE_LOGIT_SCALE))(lists)
+                out.append(lists)
         finally:
             store.close()
-    return CorpusLists(corpus, len(labelled.chunks), out, worst, worst_unit, time.perf_counter() - start)
+    return CorpusLists(corpus, len(labelled.chunks), out, worst, worst_unit, differ, time.perf_counter() - start)
 
 
 def _idf(documents) -> dict[int, float]:
@@ -238,7 +241,7 @@ def _idf(documents) -> dict[int, float]:
     return {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) for t, d in df.items()}
 
 
-def _before(searcher, plan, dense: Candidates, sparse: Candidates) -> tuple[Candidates, Candidates]:
+def _before(dense: Candidates, sparse: Candidates) -> tuple[Candidates, Candidates]:
     """The two lists as the fusion before #42 scored them: each cut at exactly CANDIDATES, a sparse-only point's
     exact cosine, a dense-only one credited with the sparse list's last score (0 where the list ran short)."""
     dense_pairs, sparse_pairs = list(dense.pairs[:CANDIDATES]), list(sparse.pairs[:CANDIDATES])
@@ -348,7 +351,7 @@ def print_table(result: FusionSweepResult, console=None) -> None:
     def corpus_line(corpus: CorpusLists) -> str:
         return (f"{corpus.corpus}: {corpus.texts} texts, " + ", ".join(f"{corpus.count(k)} {k}" for k in KINDS)
                 + f" queries (checks, store vs here: BM25 within {corpus.idf_check:.1e}, the searcher's unit within "
-                f"{corpus.unit_check:.1e})")
+                f"{corpus.unit_check:.1e}, its top-{K} other than the default row's: {corpus.search_check})")
 
     tune = result.tune
     table = Table(title=f"tuning corpus, {corpus_line(tune)}: mean MRR@{K} over the query kinds, per dense scale")
