@@ -251,6 +251,23 @@ def bench_fusion(
     fusion_bench.print_table(fusion_bench.run(model, tune, tuple(report), chunks, queries, threads))
 
 
+@app.command("exact")
+def bench_exact(
+    url: str = typer.Option(..., help="A Qdrant server (http://127.0.0.1:6333); the bench writes and drops the "
+                            "collection embedstream-exact-bench there"),
+    chunks: int = typer.Option(20_000, help="Real chunks written (enough to pass the server's indexing threshold)"),
+    queries: int = typer.Option(1000, help="Queries asked (the labelled queries of bench fusion's report sets)"),
+    threads: Optional[int] = typer.Option(1, help="torch threads for the (cached) embedding run"),
+    wait: float = typer.Option(900.0, help="Seconds to wait for the server to index the collection"),
+) -> None:
+    """A Qdrant server's top-10 (HNSW above its indexing threshold) against exact search and the embedded store,
+    dense and hybrid, through the searcher (docs/fusion.md)."""
+    from embedstream.bench import hybrid_server_bench
+
+    logs.configure(level="WARNING")
+    hybrid_server_bench.print_table(hybrid_server_bench.run(url, chunks, queries, threads=threads, wait_s=wait))
+
+
 @app.command("host")
 def bench_host(
     chunks: int = typer.Option(20_000, help="~200-token chunks in the tiny model's backlog"),
