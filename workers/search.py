@@ -306,8 +306,8 @@ class Searcher:
         fusion): the dense candidates (the plan's search, rescored) and the sparse ones, in the rule's order, each
         with every point tied at its cut, and every candidate's hit. With ``exact`` (the score fusions), every
         candidate is scored in both lists: a sparse-only point's cosine and a dense-only point's sparse score
-        (0 where it holds none of the query's terms), computed by the store for exactly those points, and the
-        sparse list's unit, the query's maximum attainable sparse score (:meth:`sparse_unit`)."""
+        (0 where it holds none of the query's terms), computed by the store for exactly those points (a point
+        deleted in between leaves the lists), and the sparse list's unit (:meth:`sparse_unit`)."""
         plan = self.plan(collection)
         filters = dict(request.filters) or None
         dense_limit, sparse_limit = request.dense_limit or request.top_k, request.sparse_limit or request.top_k
@@ -320,8 +320,11 @@ class Searcher:
         in_dense, in_sparse = {h.id for h in dense_hits}, {h.id for h in sparse_hits}
         sparse_only = [h.id for h in sparse_hits if h.id not in in_dense]
         dense_only = [h.id for h in dense_hits if h.id not in in_sparse]
-        return (Candidates(dense_pairs, self._dense_scores(collection, plan, sparse_only, query)),
-                Candidates(sparse_pairs, self._sparse_scores(collection, plan, dense_only, sparse), absent=0.0,
+        cosines = self._dense_scores(collection, plan, sparse_only, query)
+        gone = set(sparse_only) - set(cosines)
+        return (Candidates(dense_pairs, cosines),
+                Candidates([pair for pair in sparse_pairs if pair[0] not in gone],
+                           self._sparse_scores(collection, plan, dense_only, sparse), absent=0.0,
                            unit=self.sparse_unit(collection, plan, sparse)),
                 {h.id: h for h in (*sparse_hits, *dense_hits)})
 

@@ -194,3 +194,35 @@ def test_the_matryoshka_prefetch_keeps_every_point_tied_at_its_cut(store):
     assert searcher.plan("docs").prefetch_name == "mrl_4"
     reply = searcher.search(SearchRequest(request_id="r", query="q", reply_to="t", rerank=False, top_k=2, top_n=2))
     assert [h.id for h in reply.hits] == exact
+
+
+@pytest.mark.parametrize("store", ["edge"], indirect=True)
+def test_a_point_deleted_between_the_two_reads_leaves_the_lists_and_the_search_is_served(store):
+    """A sparse-only candidate deleted after the sparse search and before its cosine is read has no dense score: it
+    leaves the fused list (it is gone), and the search is answered, never failed for want of a score."""
+    rng = np.random.default_rng(21)
+    texts = [" ".join(rng.choice(VOCAB[:10], size=5)) for _ in range(30)] + ["zorakmon"] * 1
+    vectors = _unit(rng.standard_normal((len(texts), DIM)))
+    _fill(store, "docs", texts, vectors)
+    query = _unit(vectors[0] + 0.1 * rng.standard_normal(DIM))
+
+    class Deleting:
+        """Deletes the first sparse-only point just before the searcher reads the sparse-only points' cosines."""
+
+        def __init__(self, inner):
+            self.inner, self.deleted = inner, None
+
+        def search(self, name, vector_name, vector, top_k, filter=None, prefetch=None, ids=None, exact=False):
+            if ids is not None and vector_name == "full" and self.deleted is None:
+                self.deleted = ids[0]
+                self.inner.delete_points(name, [ids[0]])
+            return self.inner.search(name, vector_name, vector, top_k, filter=filter, prefetch=prefetch, ids=ids,
+                                     exact=exact)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    spy = Deleting(store)
+    searcher = Searcher(spy, lambda _text: query, None, "docs", sparse=BM25Encoder())
+    hits = _hybrid(searcher, "docs", "zorakmon", 5)
+    assert spy.deleted is not None and spy.deleted not in [h.id for h in hits] and len(hits) == 5
