@@ -47,6 +47,7 @@ class ExactResult:
     points: int
     segments: int
     indexed: int
+    config: str  # the collection's HNSW and optimizer settings, as the server reports them
     queries: int
     rows: list[PathRow]
     seconds: float
@@ -89,14 +90,18 @@ def _fill(store, engine, collection: str, texts: list[str], dense: np.ndarray, s
                      for i in range(at, min(at + 256, len(rows)))])
 
 
-def _indexed(client, collection: str, points: int, wait_s: float) -> tuple[int, int]:
-    """Wait until the server's optimizers are done and every point is counted; (segments, indexed vectors)."""
+def _indexed(client, collection: str, points: int, wait_s: float) -> tuple[int, int, str]:
+    """Wait until the server's optimizers are done and every point is counted; (segments, indexed vectors, the
+    collection's HNSW and optimizer settings)."""
     deadline = time.monotonic() + wait_s
     while True:
         info = client.get_collection(collection)
         done = str(info.status).lower().endswith("green") and (info.points_count or 0) >= points
         if done and (info.indexed_vectors_count or 0) > 0 or time.monotonic() > deadline:
-            return int(info.segments_count or 0), int(info.indexed_vectors_count or 0)
+            hnsw, optimizers = info.config.hnsw_config, info.config.optimizer_config
+            config = (f"HNSW m {hnsw.m}, ef_construct {hnsw.ef_construct}, full_scan_threshold "
+                      f"{hnsw.full_scan_threshold} KB; indexing_threshold {optimizers.indexing_threshold} KB")
+            return int(info.segments_count or 0), int(info.indexed_vectors_count or 0), config
         time.sleep(2)
 
 
@@ -124,7 +129,7 @@ def run(url: str, chunks: int = 20_000, queries: int = 1000, model: str = "all-M
     version = str(server.client.info().version)
     server.drop(COLLECTION)
     _fill(server, engine, COLLECTION, texts, dense, sparse)
-    segments, indexed = _indexed(server.client, COLLECTION, len(texts), wait_s)
+    segments, indexed, config = _indexed(server.client, COLLECTION, len(texts), wait_s)
     rows: list[PathRow] = []
     with tempfile.TemporaryDirectory(prefix="embedstream-exact-") as folder:
         edge = EdgeStore(folder)
@@ -157,7 +162,8 @@ def run(url: str, chunks: int = 20_000, queries: int = 1000, model: str = "all-M
             edge.close()
     server.drop(COLLECTION)
     server.close()
-    return ExactResult(url, version, len(texts), segments, indexed, len(asked), rows, time.perf_counter() - start)
+    return ExactResult(url, version, len(texts), segments, indexed, config, len(asked), rows,
+                       time.perf_counter() - start)
 
 
 def print_table(result: ExactResult, console=None) -> None:
@@ -165,7 +171,7 @@ def print_table(result: ExactResult, console=None) -> None:
 
     console = console or logs.console()
     table = Table(title=(f"Qdrant {result.version} at {result.url}: {result.points:,} points in {result.segments} "
-                         f"segments, {result.indexed:,} vectors in HNSW-indexed segments; {result.queries} queries; "
+                         f"segments, {result.indexed:,} vectors indexed ({result.config}); {result.queries} queries; "
                          f"top {TOP} of top_k 50 against the server's exact search"))
     for col in ("mode", "searched", "mean overlap@10", "same top 10", "worst overlap", "search p50 ms", "p95 ms"):
         table.add_column(col, justify="left" if col in ("mode", "searched") else "right")
