@@ -293,3 +293,19 @@ def test_cli_filters_parse_to_store_filters():
         "lang": "en", "year": 2024, "tag": ["a", "b"], "ok": True, "v": 1.5}
     with pytest.raises(Exception, match="field=value"):
         parse_filters(["novalue"])
+
+
+def test_exact_search_asks_the_store_for_an_exact_scan_everywhere(embedder, corpus, query_vector):
+    """EMBEDSTREAM_QDRANT__EXACT_SEARCH: every search the searcher makes asks the store for exact search (a server's
+    HNSW graph is approximate above its indexing threshold: docs/fusion.md), and nothing changes without it but the
+    flag."""
+    from embedstream.config import QdrantSettings
+
+    assert QdrantSettings().exact_search is False
+    store = _store(embedder, corpus, SinkConfig(matryoshka_dims=(16, 8)))
+    plain = Searcher(store, _fixed(query_vector)).search(_request(QUERY, top_k=5, top_n=5, rerank=False))
+    assert [c["exact"] for c in store.calls] == [False, True]  # the candidates; their rescoring by id is exact
+    store.calls.clear()
+    exact = Searcher(store, _fixed(query_vector), exact=True).search(_request(QUERY, top_k=5, top_n=5, rerank=False))
+    assert store.calls and all(c["exact"] for c in store.calls)
+    assert [h.id for h in exact.hits] == [h.id for h in plain.hits]  # ':memory:' scans anyway
