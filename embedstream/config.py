@@ -119,9 +119,10 @@ class SparseSettings(BaseModel):
                           "its weights (0: not at all, 1: fully)")
     bm25_avg_len: float = Field(default=256.0, gt=0, description="Typical document length in terms (length normalisation)")
     dense_scale: float = Field(
-        default=30.0, gt=0, description="The default hybrid fusion (logit): the weight of the dense cosine against "
-        "the sparse score (a cosine in BM25's log-odds units). 30 was measured for all-MiniLM-L6-v2; another model "
-        "may want another value: `embedstream bench quality --hybrid` measures it (docs/fusion.md)")
+        default=2.5, gt=0, description="The default hybrid fusion (logit): the weight of the dense cosine against "
+        "the sparse score over the query's unit (BM25: its sum of IDF weights), the same for a 1-term and a 20-term "
+        "query. 2.5 was chosen for all-MiniLM-L6-v2 on one corpus and checked on two others; another model may want "
+        "another value: `embedstream bench fusion` measures it (docs/fusion.md)")
 
 
 class KafkaSettings(BaseModel):
@@ -400,6 +401,10 @@ class QdrantSettings(BaseModel):
     matryoshka_dims: list[int] = Field(
         default_factory=list, description="Extra named vectors mrl_<d> (only sizes the model was trained for)"
     )
+    exact_search: bool = Field(
+        default=False, description="Searches ask Qdrant for an exact scan instead of its HNSW graph, which a server "
+        "builds above its indexing threshold (the embedded store after `optimize`): the true top-k, at a cost linear "
+        "in the points (docs/fusion.md measures the difference)")
     shard_number: int | None = Field(
         default=None, ge=1, description="Cluster: shards of a collection the workers create (None: the server's default)"
     )

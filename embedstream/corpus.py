@@ -41,6 +41,20 @@ def stdlib_paragraphs() -> tuple[str, ...]:
     return tuple(_disk_cached("stdlib-paragraphs", lambda: _harvest(Path(sysconfig.get_paths()["stdlib"]))))
 
 
+@lru_cache(maxsize=4)
+def package_paragraphs(package: str) -> tuple[str, ...]:
+    """Deduplicated prose paragraphs from an installed package's docstrings (``numpy``: another corpus than the
+    stdlib's, other authors and another field), in a stable order (cached on disk per package version)."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"package {package!r} is not installed")
+    version = importlib.metadata.version(package)
+    return tuple(_disk_cached(f"{package}-{version}-paragraphs", lambda: _harvest(Path(spec.origin).parent)))
+
+
 def _disk_cached(name: str, harvest) -> list:
     """``harvest()``'s JSON-able result, kept in ~/.cache/embedstream per Python minor version."""
     cache = Path.home() / ".cache" / "embedstream" / f"{name}-{sys.version_info[0]}.{sys.version_info[1]}.json"
@@ -58,7 +72,7 @@ def _stdlib_trees(root: Path):
     """(path, parsed module) of every stdlib source file, in path order (tests, IDLE, lib2to3 and
     site-packages left out)."""
     for path in sorted(root.rglob("*.py")):
-        if any(part in ("test", "tests", "idlelib", "site-packages", "lib2to3") for part in path.parts):
+        if any(part in ("test", "tests", "idlelib", "site-packages", "lib2to3") for part in path.relative_to(root).parts):
             continue
         try:
             yield path, ast.parse(path.read_text(encoding="utf-8", errors="ignore"))

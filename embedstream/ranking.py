@@ -19,15 +19,20 @@ does not depend on the order in which the store returned equal scores. Methods (
   ``(s - (mean - 3 sd)) / (6 sd)`` (sample sd; a list of one, or of equal scores, maps to 0.5), summed;
 * ``convex``: ``alpha * dense + (1 - alpha) * sparse`` of scores normalised by their list's best one
   (a cosine's and a BM25 score's floor taken as 0), 0 where a point is absent;
-* ``logit``: ``sum scale_i * score_i``: each retriever's score in log-odds-like units: BM25 is a sum of
-  Robertson-Sparck Jones log-odds weights and a SPLADE score is the dot product its contrastive loss took
-  as the logit (scale 1 both); a sentence-transformers bi-encoder's logit is its cosine times its loss's
-  scale (MultipleNegativesRankingLoss's 20). The dense scale used, :data:`DENSE_LOGIT_SCALE` = 30, is
-  the measured one (`bench quality --hybrid`, docs/fusion.md: 20 left known-item recall at dense's, 25-30
-  gained it with exact terms kept). Every candidate gets a score from every list: its own, else the
-  exact one the caller computed (:attr:`Candidates.extra`: the dense cosine of a sparse-only point),
-  else 0 where the store returned fewer than the limit (no other point matches at all: a rare word),
-  else the list's lowest score (the best a point below the cut can have).
+* ``logit``: ``sum scale_i * score_i / unit_i``: each retriever's score in log-odds-like units (a BM25 score
+  is a sum of Robertson-Sparck Jones log-odds weights, a SPLADE score the dot product its loss took as the
+  logit, a bi-encoder's logit its cosine times its loss's scale), the sparse one over the query's maximum
+  attainable score (:attr:`Candidates.unit`, so that a 2-term and a 20-term query weigh the cosine the same).
+
+**Score fusions score every candidate in every list** (``logit``, ``convex``): a point's own score, else the
+exact score the caller computed for it (:attr:`Candidates.extra`: the cosine of a sparse-only point, the BM25
+score of a dense-only one), else the list's :attr:`Candidates.absent` (0 for a sparse list whose missing points
+were all scored: they hold none of the query's terms). Never a guess from where the list was cut, so a point's
+fused score is the same at any depth; a point with no score in a list is an error. ``rrf`` and ``dbsf`` are
+defined on the lists themselves (ranks; a list's mean and spread) and so depend on their depth by design.
+
+**Cuts** (:func:`with_ties`): a list cut at ``limit`` keeps every point tied with its last one, so which of
+tied points a store returned first never decides what is kept.
 
 The fusion the searcher uses when a request names none is :data:`DEFAULT_FUSION`, chosen by
 `embedstream bench quality --hybrid` (docs/fusion.md has the tables).
@@ -61,7 +66,30 @@ def ordered(items: Iterable[T], score: Callable[[T], float] = lambda h: h.score,
     return sorted(items, key=lambda item: (-score_key(score(item)), ident(item)))
 
 
+def with_ties(items: Sequence[T], limit: int, score: Callable[[T], float] = lambda h: h.score) -> list[T]:
+    """The first ``limit`` of ``items`` (in the rule's order) and every later one tied with the last of them."""
+    if limit <= 0:
+        return []
+    if len(items) <= limit:
+        return list(items)
+    boundary = score_key(score(items[limit - 1]))
+    end = limit
+    while end < len(items) and score_key(score(items[end])) == boundary:
+        end += 1
+    return list(items[:end])
+
+
+def complete_at(items: Sequence[T], limit: int, asked: int, score: Callable[[T], float] = lambda h: h.score) -> bool:
+    """Whether ``items`` (a store's best ``asked``, in the rule's order) hold every point tied at a cut at ``limit``:
+    the store had no more, or the last one it returned scores below the cut."""
+    if len(items) < asked or len(items) <= limit:
+        return True
+    return score_key(score(items[-1])) != score_key(score(items[limit - 1]))
+
+
 Method = Literal["rrf", "dbsf", "convex", "logit"]
+#: the fusions that score every candidate in every list (the caller gives the scores a list left out)
+SCORE_FUSIONS = frozenset({"logit", "convex"})
 
 
 @dataclass(frozen=True)
@@ -80,18 +108,21 @@ class Fusion:
         if self.method == "convex":
             return f"convex, alpha {w[0]}"
         if self.method == "logit":
-            return f"logit, {w[0]} x cosine + {w[1]} x sparse"
+            return f"logit, {float(w[0]):g} x cosine + {float(w[1]):g} x sparse / its unit"
         return "DBSF"
 
 
 @dataclass(frozen=True)
 class Candidates:
-    """One input list: ``(id, score)`` pairs as a store returned them for a search asked for ``limit``
-    (fewer: the store had no other match), and ``extra``: exact scores the caller has for points not in it."""
+    """One input list: ``(id, score)`` pairs as a store returned them, ``extra``: exact scores the caller has for
+    points not in it, ``absent``: the score of a point in neither (None: unknown, an error for a score fusion),
+    and ``unit``: what a score is divided by before ``logit`` weighs it (a sparse list: the query's maximum
+    attainable score; 1: the scores as they are)."""
 
     pairs: Sequence[tuple[str, float]]
-    limit: int
     extra: Mapping[str, float] = field(default_factory=dict)
+    absent: float | None = None
+    unit: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -133,22 +164,38 @@ def _exact(score: float) -> float:
 def _score_fusion(fusion: Fusion, lists: Sequence[Candidates], ranked: list[list[tuple[str, float]]],
                   ranks: Mapping[str, list[int | None]]) -> dict[str, float]:
     scores = dict.fromkeys(ranks, 0.0)
-    for weight, candidates, pairs in zip(fusion.weights, lists, ranked):
-        values = [_exact(s) for _, s in pairs]
-        if fusion.method == "logit":
-            own = dict(zip((pid for pid, _ in pairs), values))
-            exhausted = len(pairs) < candidates.limit
-            floor = 0.0 if exhausted or not values else values[-1]
-            for pid in scores:
-                value = own.get(pid)
-                if value is None:
-                    value = _exact(candidates.extra[pid]) if pid in candidates.extra else floor
+    for n, (weight, candidates, pairs) in enumerate(zip(fusion.weights, lists, ranked)):
+        if fusion.method == "dbsf":
+            for (pid, _), value in zip(pairs, _dbsf([_exact(s) for _, s in pairs])):
                 scores[pid] += float(weight) * value
             continue
-        normalised = _dbsf(values) if fusion.method == "dbsf" else _by_best(values)
-        for (pid, _), value in zip(pairs, normalised):
-            scores[pid] += float(weight) * value
+        own = _every_score(candidates, pairs, scores, n)
+        if fusion.method == "logit":
+            unit = _exact(candidates.unit)
+            if unit <= 0:
+                raise ValueError(f"list {n}: unit {candidates.unit!r} is not positive")
+            for pid, value in own.items():
+                scores[pid] += float(weight) * (value / unit)
+        else:  # convex: over the list's best (its first: the same at any depth)
+            top = max((_exact(s) for _, s in pairs), default=0.0)
+            for pid, value in own.items():
+                scores[pid] += float(weight) * (max(value, 0.0) / top if top > 0 else 0.0)
     return scores
+
+
+def _every_score(candidates: Candidates, pairs: list[tuple[str, float]], points: Mapping[str, float],
+                 n: int) -> dict[str, float]:
+    """Every point's score in this list (at the compared places): its own, the caller's exact one, else ``absent``."""
+    own = {pid: _exact(score) for pid, score in pairs}
+    for pid in points:
+        if pid in own:
+            continue
+        value = candidates.extra.get(pid, candidates.absent)
+        if value is None:
+            raise ValueError(f"list {n} has no score for point {pid}: give it in Candidates.extra (a score fusion "
+                             "scores every candidate in every list) or set Candidates.absent")
+        own[pid] = _exact(value)
+    return own
 
 
 def _dbsf(scores: list[float]) -> list[float]:
@@ -162,14 +209,9 @@ def _dbsf(scores: list[float]) -> list[float]:
     return [(s - (mean - 3 * sd)) / (6 * sd) for s in scores]
 
 
-def _by_best(scores: list[float]) -> list[float]:
-    """Each score over the list's best (floor 0; negatives clip to 0)."""
-    top = max(scores, default=0.0)
-    return [max(s, 0.0) / top if top > 0 else 0.0 for s in scores]
-
-
-#: The ``logit`` fusion's dense weight: a cosine in BM25's units (measured: docs/fusion.md).
-DENSE_LOGIT_SCALE = Fraction(30)
+#: The ``logit`` fusion's dense weight against the sparse score over its unit (the query's sum of IDF weights for
+#: BM25): chosen by `bench fusion` on the api corpus, reported on two others (docs/fusion.md).
+DENSE_LOGIT_SCALE = Fraction(5, 2)
 
 #: The fusions a request may name (``SearchRequest.fusion``); the first is the default.
 FusionName = Literal["logit", "rrf", "wrrf", "dbsf", "convex"]

@@ -118,12 +118,12 @@ class SearchRequest(WireModel):
     top_n: bounded_int(1, MAX_TOP_N, "Hits in the reply (after reranking)") = 10
     mode: Literal["dense", "hybrid"] = Field(
         default="dense", description="dense: the dense vector alone; hybrid: dense and sparse searches fused by "
-        "the store (the collection needs its sparse vector), top_k of the fused list go on to the reranker")
+        "the searcher (the collection needs its sparse vector), top_k of the fused list go on to the reranker")
     fusion: FusionName = Field(
         default=DEFAULT_FUSION, description="hybrid: how the dense and sparse lists are fused (embedstream.ranking): "
-        "logit (cosine x 30 + sparse score, the default, chosen by bench quality --hybrid), rrf (reciprocal rank, "
-        "k 60), wrrf (RRF, dense weighted 2), dbsf (distribution-based score fusion), convex (scores over their "
-        "list's best, alpha 0.5)")
+        "logit (cosine x 2.5 + the sparse score over the query's sum of IDF weights, every candidate scored in both "
+        "lists: the default, chosen by bench fusion), rrf (reciprocal rank, k 60), wrrf (RRF, dense weighted 2), "
+        "dbsf (distribution-based score fusion), convex (scores over their list's best, alpha 0.5)")
     dense_limit: bounded_int(1, MAX_TOP_K, "hybrid: candidates of the dense search (default top_k)") | None = None
     sparse_limit: bounded_int(1, MAX_TOP_K, "hybrid: candidates of the sparse search (default top_k)") | None = None
     reply_to: TopicName

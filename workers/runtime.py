@@ -70,7 +70,7 @@ def build_rerank_worker(settings: Settings, model: str, embed_model: str | None 
         else:
             embedder = Engine.from_name(embed_model or settings.default_model, settings)
         searcher = Searcher(store, embedder, engine, settings.qdrant.collection,
-                            dense_scale=settings.sparse.dense_scale)
+                            dense_scale=settings.sparse.dense_scale, exact=settings.qdrant.exact_search)
     options = options or RerankOptions.from_settings(settings)
     return RerankWorker(settings, engine, options, WorkerMetrics(model=engine.spec.name), searcher,
                         owns_store=searcher is not None)

@@ -5,19 +5,27 @@ or a callable that asks the embed workers over Kafka (:func:`kafka_embedder`, th
 
 Search plan per collection, read from its named vectors:
 * ``full`` only, float32/float16: one search on ``full``.
-* ``mrl_<d>`` present: prefetch ``top_k * rescore_factor`` candidates on the smallest Matryoshka
-  vector, rescore them on ``full`` inside Qdrant (one Query API call).
+* ``mrl_<d>`` present: ``top_k * rescore_factor`` candidates on the smallest Matryoshka vector, then
+  exactly those rescored by the store on ``full`` (a search restricted to their ids).
 * Qdrant scalar/binary quantization: the store asks Qdrant to rescore with the original vectors.
 * ``uint8`` storage (int8 shifted by 128, per-point ``_scale``): the store compares shifted
   integers, which blurs the ranking, so ``top_k * rescore_factor`` candidates are fetched and
   rescored here on the dequantised full vectors against the float query (exact up to int8 error).
 
+Every cut (a limit, the Matryoshka or uint8 candidates) keeps every point tied with its last one: the
+store is asked for a few more, and twice as many again while the last one still ties
+(:func:`embedstream.ranking.with_ties`). ``exact`` (``EMBEDSTREAM_QDRANT__EXACT_SEARCH``) asks the store
+for an exact scan instead of its HNSW graph.
+
 Hybrid mode (``SearchRequest.mode="hybrid"``): the query's sparse vector (the deployment's sparse
 encoder, the same kind the sink writes) is searched beside the dense one, each with its own limit.
-The dense candidates come from the plan above (Matryoshka / uint8 candidates rescored on the full
-vector), exactly as a dense search's; the two lists are fused here (:func:`embedstream.ranking.fuse`,
-the request's ``fusion``), not by the store, so ties fall the same way in every process and on every
-store. The fused ``top_k`` go on to the reranker like dense hits. The collection must hold the sparse vector.
+The dense candidates come from the plan above, exactly as a dense search's; the two lists are fused here
+(:func:`embedstream.ranking.fuse`, the request's ``fusion``), not by the store, so ties fall the same way in
+every process and on every store. For the score fusions every candidate is scored exactly in both lists
+(a sparse-only point's cosine, a dense-only point's sparse score, by the store for exactly those points),
+and the sparse scores are taken over the query's unit (:meth:`Searcher.sparse_unit`), so a point's fused
+score depends neither on where a list was cut nor on the query's length. The fused ``top_k`` go on to the
+reranker like dense hits. The collection must hold the sparse vector.
 
 Order: every list (dense hits, rescored candidates, fused hits, reranked hits) follows the one rule of
 :mod:`embedstream.ranking`: the score compared at 6 decimal places, then (fused) the better single-list
@@ -39,8 +47,18 @@ from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreR
 from embedstream.engine.errors import EngineError
 from embedstream.engine.sparse import SparseEncoder
 from embedstream.errors import CodedError
-from embedstream.ranking import DENSE_LOGIT_SCALE, Candidates, fuse, fusion_named, ordered, score_key
-from embedstream.vectorstore.base import CollectionNotFound, Hit, Prefetch, VectorSpec, VectorStore
+from embedstream.ranking import (
+    DENSE_LOGIT_SCALE,
+    SCORE_FUSIONS,
+    Candidates,
+    complete_at,
+    fuse,
+    fusion_named,
+    ordered,
+    score_key,
+    with_ties,
+)
+from embedstream.vectorstore.base import CollectionNotFound, Hit, VectorSpec, VectorStore
 from embedstream.schemas.events import now_ms
 from embedstream.schemas.rerank import SearchHit, SearchReply, SearchRequest
 from embedstream.vectors import (
@@ -173,8 +191,9 @@ class Searcher:
 
     def __init__(self, store: VectorStore, embedder: Engine | Embedder, reranker: Engine | None = None,
                  default_collection: str = "docs", rescore_factor: int = 4, sparse: SparseEncoder | None = None,
-                 dense_scale: float = float(DENSE_LOGIT_SCALE)):
+                 dense_scale: float = float(DENSE_LOGIT_SCALE), exact: bool = False):
         self.store = store
+        self.exact = exact  # ask the store for exact search, not its HNSW graph (EMBEDSTREAM_QDRANT__EXACT_SEARCH)
         self.dense_scale = dense_scale  # the logit fusion's weight of the dense cosine (EMBEDSTREAM_SPARSE__DENSE_SCALE)
         # hybrid queries' sparse vectors: the given encoder, else an in-process embed engine's own
         self.sparse = sparse if sparse is not None else getattr(embedder, "sparse", None)
@@ -269,72 +288,127 @@ class Searcher:
             return Retrieved(collection, hits, scores, timings)
         hits, scores = self._search(collection, plan, query, request.top_k, dict(request.filters) or None)
         timings["search"] = (time.perf_counter() - embedded) * 1000
-        return Retrieved(collection, hits, scores, timings)
+        return Retrieved(collection, hits[:request.top_k], scores[:request.top_k], timings)
 
     def _hybrid(self, collection: str, plan: SearchPlan, query: np.ndarray, sparse: SparseVector,
                 request: SearchRequest) -> tuple[list[Hit], list[float]]:
         """The request's fusion of the dense and sparse candidates."""
         fusion = fusion_named(request.fusion, self.dense_scale)
         dense, sparse_list, found = self.hybrid_candidates(collection, query, sparse, request,
-                                                           exact=fusion.method == "logit")
+                                                           exact=fusion.method in SCORE_FUSIONS)
         fused = fuse([dense, sparse_list], fusion, request.top_k)
         hits = [Hit(f.id, f.score, found[f.id].payload, "fusion") for f in fused]
         return hits, [f.score for f in fused]
 
     def hybrid_candidates(self, collection: str, query: np.ndarray, sparse: SparseVector, request: SearchRequest,
                           exact: bool = True) -> tuple[Candidates, Candidates, dict[str, Hit]]:
-        """The two lists a hybrid search fuses (``bench quality --hybrid`` fuses them with every fusion): the dense
-        candidates (the plan's search, rescored) and the sparse ones, in the rule's order, and every candidate's
-        hit. With ``exact``, a sparse-only candidate gets its exact dense score too (its stored vector against
-        the query, one round trip)."""
+        """The two lists a hybrid search fuses (``bench fusion`` and ``bench quality --hybrid`` fuse them with every
+        fusion): the dense candidates (the plan's search, rescored) and the sparse ones, in the rule's order, each
+        with every point tied at its cut, and every candidate's hit. With ``exact`` (the score fusions), every
+        candidate is scored in both lists: a sparse-only point's cosine and a dense-only point's sparse score
+        (0 where it holds none of the query's terms), computed by the store for exactly those points (a point
+        deleted in between leaves the lists), and the sparse list's unit (:meth:`sparse_unit`)."""
         plan = self.plan(collection)
         filters = dict(request.filters) or None
         dense_limit, sparse_limit = request.dense_limit or request.top_k, request.sparse_limit or request.top_k
         dense_hits, dense_scores = self._search(collection, plan, query, dense_limit, filters)
         sparse_hits = self._ordered_search(collection, plan.sparse_name, sparse, sparse_limit, filters)  # type: ignore[arg-type]
-        in_dense = {h.id for h in dense_hits}
+        dense_pairs = [(h.id, s) for h, s in zip(dense_hits, dense_scores)]
+        sparse_pairs = [(h.id, h.score) for h in sparse_hits]
+        if not exact:
+            return Candidates(dense_pairs), Candidates(sparse_pairs), {h.id: h for h in (*sparse_hits, *dense_hits)}
+        in_dense, in_sparse = {h.id for h in dense_hits}, {h.id for h in sparse_hits}
         sparse_only = [h.id for h in sparse_hits if h.id not in in_dense]
-        extra = self._exact_scores(collection, plan, sparse_only, query) if exact else {}
-        return (Candidates([(h.id, s) for h, s in zip(dense_hits, dense_scores)], dense_limit, extra),
-                Candidates([(h.id, h.score) for h in sparse_hits], sparse_limit),
-                {hit.id: hit for hit in (*sparse_hits, *dense_hits)})
+        dense_only = [h.id for h in dense_hits if h.id not in in_sparse]
+        cosines = self._dense_scores(collection, plan, sparse_only, query)
+        gone = set(sparse_only) - set(cosines)
+        return (Candidates(dense_pairs, cosines),
+                Candidates([pair for pair in sparse_pairs if pair[0] not in gone],
+                           self._sparse_scores(collection, plan, dense_only, sparse), absent=0.0,
+                           unit=self.sparse_unit(collection, plan, sparse)),
+                {h.id: h for h in (*sparse_hits, *dense_hits)})
 
-    def _ordered_search(self, collection: str, vector_name: str, vector: Any, limit: int, filters: dict | None,
-                        prefetch: list[Prefetch] | None = None) -> list[Hit]:
-        """The store's ``limit`` best in the rule's order. A few more are fetched than kept, so a tie at the
-        cut is decided by the rule (point id), not by which of the tied points the store returned."""
-        hits = self.store.search(collection, vector_name, vector, limit + TIE_MARGIN, filter=filters, prefetch=prefetch)
-        return ordered(hits)[:limit]
+    def sparse_unit(self, collection: str, plan: SearchPlan, sparse: SparseVector) -> float:
+        """What the query's sparse scores are divided by before the ``logit`` fusion weighs them, so that the dense
+        scale means the same for a 1-term and a 20-term query (``bench fusion``, docs/fusion.md):
+
+        * BM25: the query's sum of IDF weights, ``sum q_t x idf_t`` over its terms that some point holds (a point's
+          BM25 score is ``sum q_t x idf_t x w_t`` with a term-frequency weight ``w_t < k + 1``);
+        * SPLADE (no IDF): the query's maximum attainable score, the best score any point gets from each term
+          alone, summed.
+
+        One batch of one-term searches (limit 1); the IDF is the store's own, read off the best hit of each term
+        (its score over its stored weight). 1 where no point holds any of the terms (every sparse score is 0)."""
+        if not len(sparse.indices):
+            return 1.0
+        idf = parse_sparse_name(plan.sparse_name) == "bm25"  # type: ignore[arg-type]
+        probes = [SparseVector.of([term], [value]) for term, value in zip(sparse.indices, sparse.values)]
+        best = self.store.search_batch(collection, plan.sparse_name, probes, 1, exact=True,  # type: ignore[arg-type]
+                                       with_vector=idf)
+        total = 0.0
+        for probe, hits in zip(probes, best):
+            if not hits:
+                continue
+            if not idf:
+                total += hits[0].score
+                continue
+            stored = hits[0].vector
+            at = np.searchsorted(stored.indices, probe.indices[0]) if stored is not None else 0
+            if stored is None or at >= len(stored.indices) or stored.indices[at] != probe.indices[0] \
+                    or stored.values[at] <= 0:
+                continue  # deleted or rewritten between the two reads: the term counts for nothing
+            total += hits[0].score / float(stored.values[at])  # q_t x idf_t
+        return total if total > 0 else 1.0
+
+    def _sparse_scores(self, collection: str, plan: SearchPlan, ids: list[str], sparse: SparseVector) -> dict[str, float]:
+        """These points' sparse scores, computed by the store (its IDF, as in the sparse search); a point that holds
+        none of the query's terms is not returned: its score is 0."""
+        if not ids or not len(sparse.indices):
+            return {}
+        hits = self.store.search(collection, plan.sparse_name, sparse, len(ids), ids=ids, exact=True)  # type: ignore[arg-type]
+        return {h.id: h.score for h in hits}
+
+    def _ordered_search(self, collection: str, vector_name: str, vector: Any, limit: int,
+                        filters: dict | None) -> list[Hit]:
+        """The store's ``limit`` best in the rule's order, with every point tied at the cut: more than ``limit``
+        are asked for (:data:`TIE_MARGIN`, then twice as many while the last one returned still ties), so the rule
+        (the point id), not the store's order, decides among tied points."""
+        asked = limit + TIE_MARGIN
+        while True:
+            hits = ordered(self.store.search(collection, vector_name, vector, asked, filter=filters, exact=self.exact))
+            if complete_at(hits, limit, asked):
+                return with_ties(hits, limit)
+            asked *= 2
 
     def _search(self, collection: str, plan: SearchPlan, query: np.ndarray, top_k: int,
                 filters: dict | None) -> tuple[list[Hit], list[float]]:
+        """The dense candidates (``top_k`` and every point tied with the last) and their exact cosines: Matryoshka
+        and uint8 candidates (a wider cut, with its ties) rescored on the full vector."""
         wide = top_k * (max(self.rescore_factor, UINT8_OVERSAMPLING) if plan.uint8 else self.rescore_factor)
-        prefetch = None
         if plan.prefetch_name:
             small = query_form(matryoshka_cut(query, plan.prefetch_size), plan.full.datatype)  # same datatype as full
-            prefetch = [Prefetch(plan.prefetch_name, small, wide)]
-        limit = wide if plan.uint8 else top_k
-        hits = self._ordered_search(collection, FULL, query_form(query, plan.full.datatype), limit, filters, prefetch)
-        if plan.uint8 and hits:
-            return self._rescore_uint8(collection, plan, hits, query, top_k)
-        return hits, [h.score for h in hits]
-
-    def _rescore_uint8(self, collection: str, plan: SearchPlan, hits: list[Hit], query: np.ndarray,
-                       top_k: int) -> tuple[list[Hit], list[float]]:
-        """Exact rescoring of uint8 candidates on their dequantised full vectors (ordered by the rule)."""
-        exact = self._exact_scores(collection, plan, [h.id for h in hits], query)
-        # a vector not retrievable keeps the store's score
-        rescored = [(hit, exact.get(hit.id, hit.score)) for hit in hits]
-        top = ordered(rescored, score=lambda pair: pair[1], ident=lambda pair: pair[0].id)[:top_k]
+            candidates = self._ordered_search(collection, plan.prefetch_name, small, wide, filters)
+        elif plan.uint8:
+            candidates = self._ordered_search(collection, FULL, query_form(query, plan.full.datatype), wide, filters)
+        else:
+            hits = self._ordered_search(collection, FULL, query, top_k, filters)
+            return hits, [h.score for h in hits]
+        exact = self._dense_scores(collection, plan, [h.id for h in candidates], query)
+        # a vector not retrievable (deleted since) is left out
+        rescored = [(Hit(h.id, exact[h.id], h.payload, FULL), exact[h.id]) for h in candidates if h.id in exact]
+        top = with_ties(ordered(rescored, score=lambda pair: pair[1], ident=lambda pair: pair[0].id), top_k,
+                        score=lambda pair: pair[1])
         return [hit for hit, _ in top], [score for _, score in top]
 
-    def _exact_scores(self, collection: str, plan: SearchPlan, ids: list[str], query: np.ndarray) -> dict[str, float]:
-        """Cosine of the float query with these points' stored full vectors (uint8 ones dequantised), one round trip."""
+    def _dense_scores(self, collection: str, plan: SearchPlan, ids: list[str], query: np.ndarray) -> dict[str, float]:
+        """These points' exact cosines with the float query: the store's on the full vector (the same arithmetic as
+        its search), or here on the dequantised vectors of a uint8 collection, one round trip."""
         if not ids:
             return {}
-        decode = uint8_decode if plan.uint8 else (lambda v: np.asarray(v, dtype=np.float32))
-        return {pid: float(l2_normalize(decode(vector)) @ query)
-                for pid, vector in self.store.get_vectors(collection, ids, FULL).items()}
+        if plan.uint8:
+            return {pid: float(l2_normalize(uint8_decode(vector)) @ query)
+                    for pid, vector in self.store.get_vectors(collection, ids, FULL).items()}
+        return {h.id: h.score for h in self.store.search(collection, FULL, query, len(ids), ids=ids, exact=True)}
 
     @staticmethod
     def score_requests(request: SearchRequest, retrieved: Retrieved, key: Any = None) -> list[ScoreRequest]:

@@ -77,7 +77,7 @@ class VectorSearchWorker(WorkerLoop):
         self.collection = settings.qdrant.collection  # the collection this deployment writes: the one it searches
         self.client = QueryClient(settings.kafka)
         self.searcher = Searcher(store, kafka_embedder(self.client, model, embed_timeout_s), None, self.collection,
-                                 dense_scale=settings.sparse.dense_scale)
+                                 dense_scale=settings.sparse.dense_scale, exact=settings.qdrant.exact_search)
         self.trust = TrustPolicy.from_settings(settings)
         self.rerankers = RerankersProbe(settings.kafka)
         self.lane = self.add_lane(LANE, [search_topic(settings.kafka, self.collection)],

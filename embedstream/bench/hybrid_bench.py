@@ -7,7 +7,8 @@ entry's one-line summary), each with exact-term queries (an identifier or a word
 Per corpus and sparse kind (BM25 over Qdrant's word analyser, SPLADE splade-tiny) one collection in a
 temporary qdrant-edge store, written through the sink (dense + sparse in one point). Every query goes
 through the searcher's own hybrid path (:meth:`Searcher.hybrid_candidates`: the dense plan's candidates,
-the sparse ones, exact dense scores of sparse-only points), and the same two lists are fused by every
+the sparse ones, every candidate scored exactly in both lists, the query's sparse unit), and the same two
+lists are fused by every
 fusion compared (:data:`COMPARED`, :mod:`embedstream.ranking`): the numbers are the index's and the
 production fusion's. Rows: dense; each sparse kind alone; each fusion of dense + BM25; the default fusion
 of dense + SPLADE; hybrid + rerank (the default fusion's candidates ordered by a cross-encoder, when one is
@@ -41,9 +42,8 @@ COMPARED: dict[str, Fusion] = {
     "dbsf": FUSIONS["dbsf"],
     "convex (alpha 0.5)": FUSIONS["convex"],
     "convex (alpha 0.7)": Fusion("convex", (Fraction(7, 10), Fraction(3, 10))),
-    "logit (20 x cosine + sparse)": Fusion("logit", (Fraction(20), Fraction(1))),
-    f"logit ({DENSE_LOGIT_SCALE} x cosine + sparse)": FUSIONS["logit"],
-    "logit (40 x cosine + sparse)": Fusion("logit", (Fraction(40), Fraction(1))),
+    **{f"logit ({float(scale):g} x cosine + sparse / its unit)": Fusion("logit", (scale, Fraction(1)))
+       for scale in (DENSE_LOGIT_SCALE / 2, DENSE_LOGIT_SCALE, DENSE_LOGIT_SCALE * 2)},
 }
 DEFAULT_ROW = next(name for name, fusion in COMPARED.items() if fusion == FUSIONS[DEFAULT_FUSION])
 

@@ -57,9 +57,9 @@ def build_corpus(queries: int = 200, chunk_words: int = 40, seed: int = 17) -> t
 
 
 def embed_cached(model: str, texts: list[str], threads: int | None = None, progress: bool = True,
-                 precision: str = "float32", backend: str = "auto") -> np.ndarray:
-    """float32 [N, D] normalised embeddings of texts, computed once per (model, precision, backend, texts) and
-    cached."""
+                 precision: str = "float32", backend: str = "auto", prompt: str = "document") -> np.ndarray:
+    """float32 [N, D] normalised embeddings of texts (as documents, or with ``prompt="query"`` as queries: the
+    model's query prompt), computed once per (model, precision, backend, prompt, texts) and cached."""
     from embedstream.config import Settings
     from embedstream.engine.engine import EmbedRequest, Engine
     from embedstream.engine.model_spec import resolve_model
@@ -75,6 +75,8 @@ def embed_cached(model: str, texts: list[str], threads: int | None = None, progr
         digest.update(f"precision={precision}\x1e".encode())
     if backend != "auto":  # auto keeps its old cache key
         digest.update(f"backend={backend}\x1e".encode())
+    if prompt != "document":  # documents keep their old cache key
+        digest.update(f"prompt={prompt}\x1e".encode())
     if precision == "int8" and backend == "openvino":
         from embedstream.engine.backends.openvino_encoder import INT8_RECIPE as OPENVINO_INT8_RECIPE
 
@@ -94,7 +96,7 @@ def embed_cached(model: str, texts: list[str], threads: int | None = None, progr
     engine = Engine.from_name(model, settings)
     out = np.empty((len(texts), engine.dimensions), dtype=np.float32)
     step = 1024
-    requests = [EmbedRequest(i, t, truncate=True, prompt="document") for i, t in enumerate(texts)]
+    requests = [EmbedRequest(i, t, truncate=True, prompt=prompt) for i, t in enumerate(texts)]
 
     def work(advance) -> None:
         for start in range(0, len(texts), step):

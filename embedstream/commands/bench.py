@@ -251,6 +251,46 @@ def bench_quality(
     quality_bench.print_table(quality_bench.run(model, queries, k, rescore, threads))
 
 
+@app.command("fusion")
+def bench_fusion(
+    model: str = typer.Option("all-MiniLM-L6-v2", help="Embedding model (registry name or folder)"),
+    tune: str = typer.Option("api", help="Corpus the unit and the dense scale are chosen on (prose, api or numpy)"),
+    report: list[str] = typer.Option(["prose", "numpy"], help="Corpora the choice is reported on, never used for "
+                                     "choosing; repeat the flag"),
+    chunks: int = typer.Option(3000, help="Indexed texts per corpus (at most)"),
+    queries: int = typer.Option(200, help="Queries of each kind (known-item, exact-term, long) per corpus"),
+    threads: Optional[int] = typer.Option(1, help="torch threads for the (cached) embedding run"),
+) -> None:
+    """The default hybrid fusion's sparse unit and dense scale: swept on one corpus, reported on another (every
+    query through the searcher's own hybrid path; docs/fusion.md)."""
+    from embedstream.bench import fusion_bench, hybrid_set
+
+    for name in (tune, *report):
+        if name not in hybrid_set.CORPORA:
+            raise typer.BadParameter(f"unknown corpus {name!r}; choose from {', '.join(hybrid_set.CORPORA)}")
+    if tune in report:
+        raise typer.BadParameter("--report must name other corpora than --tune (never used for choosing)")
+    logs.configure(level="WARNING")
+    fusion_bench.print_table(fusion_bench.run(model, tune, tuple(report), chunks, queries, threads))
+
+
+@app.command("exact")
+def bench_exact(
+    url: str = typer.Option(..., help="A Qdrant server (http://127.0.0.1:6333); the bench writes and drops the "
+                            "collection embedstream-exact-bench there"),
+    chunks: int = typer.Option(20_000, help="Real chunks written (enough to pass the server's indexing threshold)"),
+    queries: int = typer.Option(1000, help="Queries asked (the labelled queries of bench fusion's report sets)"),
+    threads: Optional[int] = typer.Option(1, help="torch threads for the (cached) embedding run"),
+    wait: float = typer.Option(900.0, help="Seconds to wait for the server to index the collection"),
+) -> None:
+    """A Qdrant server's top-10 (HNSW above its indexing threshold) against exact search and the embedded store,
+    dense and hybrid, through the searcher (docs/fusion.md)."""
+    from embedstream.bench import hybrid_server_bench
+
+    logs.configure(level="WARNING")
+    hybrid_server_bench.print_table(hybrid_server_bench.run(url, chunks, queries, threads=threads, wait_s=wait))
+
+
 @app.command("host")
 def bench_host(
     chunks: int = typer.Option(20_000, help="~200-token chunks in the tiny model's backlog"),

@@ -12,7 +12,7 @@ import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Union
 
 import numpy as np
@@ -161,12 +161,14 @@ class Point:
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result; ``vector_name`` tells which vector produced the score."""
+    """One search result; ``vector_name`` tells which vector produced the score; ``vector``: that vector of the
+    point, where the search asked for it (:meth:`VectorStore.search_batch`), else None."""
 
     id: str
     score: float
     payload: dict[str, Any]
     vector_name: str
+    vector: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -319,12 +321,18 @@ class VectorStore(ABC):
         top_k: int,
         filter: Mapping[str, FilterValue] | None = None,
         prefetch: Sequence[Prefetch] | None = None,
+        ids: Sequence[str] | None = None,
+        exact: bool = False,
     ) -> list[Hit]:
         """Nearest points on ``vector_name``, best first.
 
         ``filter`` is an AND of ``field == value`` (list value: any of).
         With ``prefetch`` the candidates come from the prefetch stages and are
-        rescored on ``vector_name``.
+        rescored on ``vector_name``. With ``ids`` only these points are candidates
+        (how a caller scores given points: a sparse query scores only the points that
+        hold one of its terms, the others are left out). ``exact`` asks for an exact
+        scan instead of the engine's HNSW graph (a server builds one above its indexing
+        threshold; the embedded store after :meth:`optimize`).
         """
 
     # ---- collection metadata ---------------------------------------------------------
@@ -335,6 +343,23 @@ class VectorStore(ABC):
     @abstractmethod
     def set_collection_metadata(self, name: str, metadata: Mapping[str, Any]) -> None:
         """Set these keys of the collection's metadata (the others are kept: Qdrant's merge)."""
+
+    def search_batch(
+        self,
+        name: str,
+        vector_name: str,
+        vectors: Sequence[VectorLike],
+        top_k: int,
+        exact: bool = False,
+        with_vector: bool = False,
+    ) -> list[list[Hit]]:
+        """:meth:`search` for each of ``vectors`` (no filter), in one round trip where the backend has a batch call;
+        one list of hits per vector, in order. ``with_vector``: each hit carries its ``vector_name`` vector."""
+        out = [self.search(name, vector_name, vector, top_k, exact=exact) for vector in vectors]
+        if not with_vector:
+            return out
+        stored = self.get_vectors(name, list({h.id for hits in out for h in hits}), vector_name)
+        return [[replace(h, vector=stored.get(h.id)) for h in hits] for hits in out]
 
     # ---- aliases -------------------------------------------------------------------
     @abstractmethod

@@ -132,9 +132,10 @@ def _from_edge(vector: Any) -> Any:
     return list(vector)
 
 
-def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] = ()) -> Any:
-    """An AND of ``field == value`` conditions (a list: any of; a float: the range [v, v]), and of ``ids``."""
-    must: list[Any] = [qe.HasIdCondition(set(ids))] if ids else []
+def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] | None = None) -> Any:
+    """An AND of ``field == value`` conditions (a list: any of; a float: the range [v, v]) and, with ``ids``, of
+    being one of these points (an empty ``ids`` matches nothing)."""
+    must: list[Any] = [] if ids is None else [qe.HasIdCondition({normalize_id(i) for i in ids})]
     for kind, field, val in conditions(filter):
         if kind == "any":
             must.append(qe.FieldCondition(field, match=qe.MatchAny(val)))
@@ -145,12 +146,13 @@ def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] =
     return qe.Filter(must=must) if must else None
 
 
-def _params_for(spec: Any) -> Any:
-    """Search params of a vector: rescoring with the originals where it is quantized."""
+def _params_for(spec: Any, exact: bool = False) -> Any:
+    """Search params of a vector: rescoring with the originals where it is quantized; an exact scan if asked."""
     kind = getattr(spec, "quantization", None)
     if kind is None:
-        return None
-    return qe.SearchParams(quantization=qe.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
+        return qe.SearchParams(exact=True) if exact else None
+    return qe.SearchParams(exact=exact,
+                           quantization=qe.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
 
 
 def _query_vector(vector: Any) -> Any:
@@ -506,15 +508,17 @@ class EdgeStore(VectorStore):
         top_k: int,
         filter: Mapping[str, FilterValue] | None = None,
         prefetch: Sequence[Prefetch] | None = None,
+        ids: Sequence[str] | None = None,
+        exact: bool = False,
     ) -> list[Hit]:
         """Native Qdrant query. With ``prefetch`` the engine takes ``limit`` candidates
         per stage on the small vector and rescores them exactly on ``vector_name``;
-        the filter applies to every stage."""
+        the filter (and ``ids``) applies to every stage."""
         check_top_k(top_k)
         col = self.resolve(name)
         specs = self._load_specs(col)
         spec = check_vector_name(specs, vector_name, col)
-        flt = _build_filter(filter)
+        flt = _build_filter(filter, ids)
 
         prefetches = None
         if prefetch:
@@ -528,7 +532,7 @@ class EdgeStore(VectorStore):
                         limit=int(p.limit),
                         query=qe.Query.Nearest(_query_vector(p.vector), using=p.vector_name),
                         filter=flt,
-                        params=_params_for(pspec),
+                        params=_params_for(pspec, exact),
                     )
                 )
         req = qe.QueryRequest(
@@ -538,7 +542,7 @@ class EdgeStore(VectorStore):
             filter=flt,
             with_payload=True,
             with_vector=False,
-            params=_params_for(spec),
+            params=_params_for(spec, exact),
         )
         with self._rw.read():
             res = self._shard(col).query(req)
@@ -561,6 +565,24 @@ class EdgeStore(VectorStore):
                 raise CollectionNotFound(f"no collection or alias named {name!r}")
             manifest["metadata"] = {**(manifest.get("metadata") or {}), **metadata}
             _atomic_write_json(self._cdir(col) / "manifest.json", manifest)
+
+    def search_batch(self, name: str, vector_name: str, vectors: Sequence[VectorLike], top_k: int,
+                     exact: bool = False, with_vector: bool = False) -> list[list[Hit]]:
+        """One ``query_batch`` of plain nearest searches."""
+        check_top_k(top_k)
+        if not vectors:
+            return []
+        col = self.resolve(name)
+        spec = check_vector_name(self._load_specs(col), vector_name, col)
+        requests = [qe.QueryRequest(limit=top_k, query=qe.Query.Nearest(_query_vector(v), using=vector_name),
+                                    with_payload=True, with_vector=[vector_name] if with_vector else False,
+                                    params=_params_for(spec, exact))
+                    for v in vectors]
+        with self._rw.read():
+            results = self._shard(col).query_batch(qe.QueryBatchRequest(requests))
+        return [[Hit(id=normalize_id(r.id), score=float(r.score), payload=dict(r.payload or {}), vector_name=vector_name,
+                     vector=_from_edge(r.vector[vector_name]) if with_vector and vector_name in (r.vector or {}) else None)
+                 for r in res] for res in results]
 
     # ---- aliases ---------------------------------------------------------------------
     def _read_aliases(self) -> dict[str, str]:

@@ -68,14 +68,14 @@ def _to_qdrant(vector: Any) -> Any:
     return as_float_list(vector) if not isinstance(vector, list) else vector
 
 
-def _search_params(spec: Any) -> models.SearchParams | None:
-    """Rescoring with the original vectors where a vector is quantized (local mode is brute force and
-    warns on every call given search params: callers skip it there)."""
+def _search_params(spec: Any, exact: bool = False) -> models.SearchParams | None:
+    """Rescoring with the original vectors where a vector is quantized, an exact scan where asked (local mode is
+    brute force and warns on every call given search params: callers skip it there)."""
     kind = getattr(spec, "quantization", None)
     if kind is None:
-        return None
+        return models.SearchParams(exact=True) if exact else None
     return models.SearchParams(
-        quantization=models.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
+        exact=exact, quantization=models.QuantizationSearchParams(rescore=True, oversampling=quant_oversampling(kind)))
 
 
 def _from_qdrant(vector: Any) -> Any:
@@ -107,9 +107,11 @@ def _quantization_kind(cfg: Any) -> str | None:
     return type(cfg).__name__  # product / turbo: not expressible as VectorSpec -> mismatch
 
 
-def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] = ()) -> models.Filter | None:
-    """An AND of ``field == value`` conditions (a list: any of; a float: the range [v, v]), and of ``ids``."""
-    must: list[models.Condition] = [models.HasIdCondition(has_id=list(ids))] if ids else []
+def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] | None = None) -> models.Filter | None:
+    """An AND of ``field == value`` conditions (a list: any of; a float: the range [v, v]) and, with ``ids``, of
+    being one of these points (an empty ``ids`` matches nothing)."""
+    must: list[models.Condition] = [] if ids is None else [
+        models.HasIdCondition(has_id=list(dict.fromkeys(normalize_id(i) for i in ids)))]
     for kind, field, val in conditions(filter):
         if kind == "any":
             must.append(models.FieldCondition(key=field, match=models.MatchAny(any=val)))
@@ -416,16 +418,20 @@ class QdrantClientStore(VectorStore):
         top_k: int,
         filter: Mapping[str, FilterValue] | None = None,
         prefetch: Sequence[Prefetch] | None = None,
+        ids: Sequence[str] | None = None,
+        exact: bool = False,
     ) -> list[Hit]:
         check_top_k(top_k)
-        flt = _build_filter(filter)
-        # Local mode is brute force and warns on every call if given search params.
-        params = None if self.is_local else _search_params(self._cached_specs(name).get(vector_name))
+        flt = _build_filter(filter, ids)
+        # Local mode is brute force (exact) and warns on every call if given search params.
+        specs = None if self.is_local else self._cached_specs(name)
+        params = None if specs is None else _search_params(specs.get(vector_name), exact)
         pf = None
         if prefetch:
             pf = [
                 models.Prefetch(
-                    query=_to_qdrant(p.vector), using=p.vector_name, limit=int(p.limit), filter=flt, params=params
+                    query=_to_qdrant(p.vector), using=p.vector_name, limit=int(p.limit), filter=flt,
+                    params=None if specs is None else _search_params(specs.get(p.vector_name), exact),
                 )
                 for p in prefetch
             ]
@@ -469,6 +475,28 @@ class QdrantClientStore(VectorStore):
             self.client.update_collection(collection_name=self.resolve(name), metadata=dict(metadata))
         except Exception as exc:
             raise self._not_found(name, exc) from exc
+
+    def search_batch(self, name: str, vector_name: str, vectors: Sequence[VectorLike], top_k: int,
+                     exact: bool = False, with_vector: bool = False) -> list[list[Hit]]:
+        """One ``query_batch_points`` request of plain nearest searches."""
+        check_top_k(top_k)
+        if not vectors:
+            return []
+        params = None if self.is_local else _search_params(self._cached_specs(name).get(vector_name), exact)
+        requests = [models.QueryRequest(query=_to_qdrant(v), using=vector_name, limit=top_k, params=params,
+                                        with_payload=True, with_vector=[vector_name] if with_vector else False)
+                    for v in vectors]
+        try:
+            responses = self.client.query_batch_points(collection_name=name, requests=requests)
+        except Exception as exc:
+            err = self._not_found(name, exc)
+            if err is exc:
+                check_vector_name(self.get_vector_specs(name), vector_name, name)
+            raise err from exc
+        return [[Hit(id=normalize_id(p.id), score=float(p.score), payload=dict(p.payload or {}), vector_name=vector_name,
+                     vector=_from_qdrant(p.vector[vector_name]) if with_vector and isinstance(p.vector, dict)
+                     and vector_name in p.vector else None)
+                 for p in response.points] for response in responses]
 
     # ---- aliases ---------------------------------------------------------------------
     def list_aliases(self) -> dict[str, str]:

@@ -21,7 +21,7 @@ GROUPS = {
     ("engine",): {"tune"},
     ("worker",): {"embed", "rerank", "cdc"},
     ("bench",): {"engine", "pipeline", "stall", "rerank", "quality", "gateway", "latency", "host", "transport", "cdc",
-                 "cdc-settings", "fleet", "lookup"},
+                 "cdc-settings", "fleet", "lookup", "fusion", "exact"},
     ("dev",): {"kafka", "postgres", "connect", "compose", "images"},
     ("dev", "compose"): {"up", "down", "env", "status"},
     ("dev", "images"): {"build", "list"},

@@ -53,7 +53,9 @@ def test_sink_writes_the_rows_sparse_vector_into_the_same_point(engine, labelled
         assert point.vectors["sparse_bm25"] == engine.sparse.encode_texts([text], query=False)[0]
 
 
-@pytest.mark.parametrize("fusion", [DEFAULT_FUSION, "rrf", "dbsf"])  # wrrf and convex lean on dense by design
+# wrrf and convex lean on dense by design; DBSF scores a point by its list's mean and spread, and this random model's
+# cosines tie at 6 places in runs of 17-80 points, all of which a cut keeps (the rule): DBSF then measures the tie
+@pytest.mark.parametrize("fusion", [DEFAULT_FUSION, "rrf"])
 def test_hybrid_finds_exact_terms_a_random_dense_model_cannot(engine, labelled, fusion):
     """The tiny random BERT ranks by noise; the fused list still brings the chunk holding the identifier."""
     store = _index(engine, labelled, "bm25")

@@ -55,3 +55,24 @@ def test_identifiers_are_code_like_names_not_plain_words():
     found = [m.group(0) for m in hybrid_set.IDENTIFIER.finditer(
         "Call os.path.join or read_bytes; getLogger returns a Logger. Plain words and 3.14 do not count.")]
     assert found == ["os.path.join", "read_bytes", "getLogger"]
+
+
+def test_long_queries_are_passages_held_out_of_their_text_and_change_no_other_query():
+    for build in (hybrid_set.build, hybrid_set.build_api):
+        plain = build(600, 30, 30, seed=4)
+        labelled = build(600, 30, 30, seed=4, long=25)
+        longs = labelled.of_kind("long")
+        assert len(longs) == 25 and len({q.answer for q in longs}) == 25
+        assert labelled.of_kind("known_item") == plain.of_kind("known_item")  # asking for long ones moves no other
+        for query in longs:
+            text = labelled.chunks[query.answer]
+            assert len(query.text.split()) >= hybrid_set.LONG_WORDS and query.text not in text
+            assert len(text.split()) >= 8
+        assert not {q.answer for q in longs} & {q.answer for q in labelled.of_kind("known_item")}
+        assert build(600, 30, 30, seed=4, long=25) == labelled
+
+
+def test_the_numpy_corpus_is_numpys_docstring_prose():
+    labelled = hybrid_set.CORPORA["numpy"](300, 10, 10, long=5)
+    assert len(labelled.chunks) == 300 and len(labelled.of_kind("long")) == 5
+    assert sum("array" in chunk.lower() for chunk in labelled.chunks) > 30

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
 from qdrant_client import models
 from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
-from embedstream.ranking import DENSE_LOGIT_SCALE, FUSIONS, Candidates, Fusion, fuse, ordered, score_key
+from embedstream.ranking import FUSIONS, Candidates, Fusion, complete_at, fuse, ordered, score_key, with_ties
 
 
 def _id(n: int) -> str:
@@ -26,10 +27,9 @@ def _lists(seed: int, size: int = 30, overlap: int = 12) -> list[list[tuple[str,
     return [dense, sparse]
 
 
-def _fuse(lists, fusion: Fusion, limit: int, limits=None):
-    """Fuse plain (id, score) lists, each asked for as many as it holds unless ``limits`` says otherwise."""
-    limits = limits or [len(pairs) for pairs in lists]
-    return fuse([Candidates(pairs, n) for pairs, n in zip(lists, limits)], fusion, limit)
+def _fuse(lists, fusion: Fusion, limit: int):
+    """Fuse plain (id, score) lists; a point a list leaves out scores 0 there (a score fusion needs a score)."""
+    return fuse([Candidates(pairs, absent=0.0) for pairs in lists], fusion, limit)
 
 
 def _qdrant(lists, method: str, limit: int) -> list[tuple[str, float]]:
@@ -70,12 +70,12 @@ def test_rrf_ties_go_to_the_better_single_list_rank_then_the_point_id():
 def test_order_does_not_depend_on_the_order_the_store_returned_ties_in():
     dense = [(_id(i), round(0.8 - 0.05 * (i // 3), 6)) for i in range(12)]  # threes of equal scores
     sparse = [(_id(i + 6), float(10 - i // 2)) for i in range(12)]  # twos of equal scores
-    expected = {name: _fuse([dense, sparse], fusion, 10, [20, 20]) for name, fusion in FUSIONS.items()}
+    expected = {name: _fuse([dense, sparse], fusion, 10) for name, fusion in FUSIONS.items()}
     rng = random.Random(1)
     for _ in range(20):
         shuffled = [rng.sample(dense, len(dense)), rng.sample(sparse, len(sparse))]
         for name, fusion in FUSIONS.items():
-            assert _fuse(shuffled, fusion, 10, [20, 20]) == expected[name], name
+            assert _fuse(shuffled, fusion, 10) == expected[name], name
 
 
 def test_float_noise_below_the_compared_places_orders_nothing():
@@ -110,19 +110,23 @@ def test_fuse_refuses_a_list_count_its_weights_do_not_match():
 
 
 def test_logit_fusion_scores_every_candidate_in_every_list():
-    """30 x cosine + BM25: a sparse-only point's cosine is the exact one given; a dense-only point scores 0
-    in a sparse list the store exhausted (it matches no query term) and the cut's score below a full one."""
-    logit = FUSIONS["logit"]
-    assert logit.weights == (DENSE_LOGIT_SCALE, 1) and DENSE_LOGIT_SCALE == 30
+    """scale x cosine + sparse / unit: a sparse-only point's cosine and a dense-only point's sparse score are the
+    exact ones given (Candidates.extra), a point in neither scores the list's ``absent``; nothing depends on where
+    a list was cut, and a point with no score in a list is an error, never a guess."""
+    logit = Fusion("logit", (Fraction(30), Fraction(1)))
     dense = [(_id(1), 0.50), (_id(2), 0.45)]
-    sparse = [(_id(3), 6.0)]
-    exhausted = fuse([Candidates(dense, 2, {_id(3): 0.30}), Candidates(sparse, 10)], logit, 3)
-    assert {f.id: f.score for f in exhausted} == pytest.approx({_id(1): 15.0, _id(2): 13.5, _id(3): 15.0})
-    assert [f.id for f in exhausted] == [_id(1), _id(3), _id(2)]  # 15.0 tie, the same best rank (1): the id
-    full = fuse([Candidates(dense, 2, {_id(3): 0.30}), Candidates(sparse, 1)], logit, 3)
-    assert {f.id: f.score for f in full} == pytest.approx({_id(1): 21.0, _id(2): 19.5, _id(3): 15.0})
-    unknown = fuse([Candidates(dense, 2), Candidates(sparse, 10)], logit, 3)  # no exact cosine: the cut's
-    assert {f.id: f.score for f in unknown}[_id(3)] == pytest.approx(30 * 0.45 + 6.0)
+    sparse = [(_id(3), 6.0), (_id(1), 3.0)]
+    lists = [Candidates(dense, {_id(3): 0.30}), Candidates(sparse, {_id(2): 1.5}, absent=0.0)]
+    assert {f.id: f.score for f in fuse(lists, logit, 3)} == pytest.approx({_id(1): 18.0, _id(2): 15.0, _id(3): 15.0})
+    # the 15.0 tie: _id(3) is first in a list (sparse), _id(2) second (dense): the better single-list rank first
+    assert [f.id for f in fuse(lists, logit, 3)] == [_id(1), _id(3), _id(2)]
+    unit = fuse([lists[0], replace(lists[1], unit=3.0)], logit, 3)
+    assert {f.id: f.score for f in unit} == pytest.approx({_id(1): 16.0, _id(2): 14.0, _id(3): 11.0})
+    # the dense list cut at 1: the points still candidates keep their fused scores
+    cut = fuse([Candidates(dense[:1], {_id(3): 0.30}), Candidates(sparse, absent=0.0)], logit, 3)
+    assert {f.id: f.score for f in cut} == {f.id: f.score for f in fuse(lists, logit, 3) if f.id != _id(2)}
+    with pytest.raises(ValueError, match="no score for point"):
+        fuse([Candidates(dense), Candidates(sparse, absent=0.0)], logit, 3)  # _id(3)'s cosine unknown
 
 
 def test_a_lone_sparse_match_beats_dense_neighbours_that_match_no_term():
@@ -130,6 +134,18 @@ def test_a_lone_sparse_match_beats_dense_neighbours_that_match_no_term():
     points that do not; every fusion puts the match in the top 2, logit first."""
     dense = [(_id(i), 0.62 - 0.01 * i) for i in range(10)]
     sparse = [(_id(42), 7.5)]
-    lists = [Candidates(dense, 10, {_id(42): 0.41}), Candidates(sparse, 10)]
+    lists = [Candidates(dense, {_id(42): 0.41}), Candidates(sparse, absent=0.0, unit=7.5)]
     assert fuse(lists, FUSIONS["logit"], 10)[0].id == _id(42)
     assert _id(42) in [f.id for f in fuse(lists, FUSIONS["rrf"], 2)]
+
+
+def test_a_cut_keeps_every_point_tied_with_its_last_one():
+    pairs = [(_id(i), s) for i, s in enumerate([0.9, 0.8, 0.7, 0.7, 0.7000000001, 0.7, 0.6, 0.6])]
+    key = {"score": lambda p: p[1]}
+    assert [p for p, _ in with_ties(pairs, 3, **key)] == [_id(i) for i in range(6)]  # 0.7 at 6 places: four tie
+    assert [p for p, _ in with_ties(pairs, 2, **key)] == [_id(0), _id(1)]
+    assert with_ties(pairs, 20, **key) == pairs and with_ties(pairs, 0, **key) == []
+    # a store asked for 6 returned 6, the last still tied with the 3rd: the cut is not known to be whole yet
+    assert not complete_at(pairs[:6], 3, 6, **key)
+    assert complete_at(pairs[:7], 3, 7, **key)  # the 7th scores below the cut
+    assert complete_at(pairs[:5], 3, 6, **key)  # the store had no more

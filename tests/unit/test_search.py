@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from conftest import make_engine
@@ -28,9 +30,11 @@ class SpyStore:
         self.store = store
         self.calls: list[dict] = []
 
-    def search(self, name, vector_name, vector, top_k, filter=None, prefetch=None):
-        self.calls.append({"vector_name": vector_name, "top_k": top_k, "filter": filter, "prefetch": prefetch})
-        return self.store.search(name, vector_name, vector, top_k, filter=filter, prefetch=prefetch)
+    def search(self, name, vector_name, vector, top_k, filter=None, prefetch=None, ids=None, exact=False):
+        self.calls.append({"vector_name": vector_name, "top_k": top_k, "filter": filter, "prefetch": prefetch,
+                           "ids": ids, "exact": exact, "vector": vector})
+        return self.store.search(name, vector_name, vector, top_k, filter=filter, prefetch=prefetch, ids=ids,
+                                 exact=exact)
 
     def __getattr__(self, name):
         return getattr(self.store, name)
@@ -167,14 +171,15 @@ def test_matryoshka_collection_prefetches_small_vector_and_rescores_on_full(embe
     q = query_vector
     top_k = 5
     reply = searcher.search(_request(QUERY, top_k=top_k, top_n=top_k, rerank=False))
-    call = store.calls[-1]
-    assert call["vector_name"] == "full" and call["top_k"] == top_k + TIE_MARGIN  # a tie at the cut: the rule decides
-    (pf,) = call["prefetch"]
-    assert pf.vector_name == "mrl_8" and pf.limit == top_k * 4
+    prefetch, rescore = store.calls[-2:]
+    # the Matryoshka candidates: top_k x 4 and a margin for the points tied at that cut (the rule decides)
+    assert prefetch["vector_name"] == "mrl_8" and prefetch["top_k"] == top_k * 4 + TIE_MARGIN
     small = _unit(vectors[:, :8])
     q8 = _unit(q[:8])
-    np.testing.assert_allclose(np.asarray(pf.vector), q8, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(prefetch["vector"]), q8, atol=1e-6)
     candidates = np.argsort(-(small @ q8), kind="stable")[: top_k * 4]
+    # rescored by the store on the full vector, exactly those candidates
+    assert rescore["vector_name"] == "full" and rescore["exact"] and len(rescore["ids"]) == top_k * 4
     expected = candidates[np.argsort(-(vectors[candidates] @ q), kind="stable")[:top_k]]
     assert [h.payload["n"] for h in reply.hits] == [int(i) for i in expected]
     # the two-stage result differs from a one-stage search here, so the test sees which path ran
@@ -183,7 +188,7 @@ def test_matryoshka_collection_prefetches_small_vector_and_rescores_on_full(embe
     np.testing.assert_allclose([h.vector_score for h in reply.hits], vectors[expected] @ q, atol=1e-5)
     filtered = searcher.search(_request(QUERY, top_k=5, top_n=5, rerank=True, filters={"topic": "net"}))
     assert filtered.error is None and len(filtered.hits) == 5 and {h.payload["topic"] for h in filtered.hits} == {"net"}
-    assert store.calls[-1]["prefetch"][0].vector_name == "mrl_8"
+    assert store.calls[-2]["vector_name"] == "mrl_8" and store.calls[-2]["filter"] == {"topic": "net"}
     assert all(h.rerank_score is not None for h in filtered.hits)
 
 
@@ -197,8 +202,8 @@ def test_uint8_collection_is_rescored_on_dequantised_full_vectors(embedder, rera
     reply = searcher.search(_request(QUERY, top_k=10, top_n=10, rerank=False))
     call = store.calls[-1]
     wide = 10 * UINT8_OVERSAMPLING  # from bench quality: x12 reaches recall@10 0.98 for uint8
-    assert call["top_k"] == wide + TIE_MARGIN and call["prefetch"][0].limit == wide  # wide candidate set, rescored here
-    sent = np.asarray(call["prefetch"][0].vector)
+    assert call["vector_name"] == "mrl_16" and call["top_k"] == wide + TIE_MARGIN  # wide candidate set, rescored here
+    sent = np.asarray(call["vector"])
     assert sent.min() >= 1 and sent.max() <= 255 and np.all(sent == np.round(sent))  # shifted int8 query
     exact = vectors @ q
     got = np.array([h.vector_score for h in reply.hits])
@@ -224,10 +229,11 @@ def test_hybrid_dense_candidates_come_from_the_stored_layout(embedder, corpus, q
     spy.calls.clear()
     hybrid = searcher.search(_request(QUERY, top_k=10, top_n=10, rerank=False, mode="hybrid", sparse_limit=20))
     assert hybrid.error is None and len(hybrid.hits) == 10
-    full_call, sparse_call = spy.calls
-    assert full_call["vector_name"] == "full" and full_call["prefetch"][0].vector_name == "mrl_16"
-    assert full_call["top_k"] == 10 * UINT8_OVERSAMPLING + TIE_MARGIN  # uint8: wide, rescored here
-    assert sparse_call["vector_name"] == "sparse_bm25"
+    dense_call, sparse_call, scored_call = spy.calls
+    assert dense_call["vector_name"] == "mrl_16"  # Matryoshka candidates, rescored here on the dequantised vectors
+    assert dense_call["top_k"] == 10 * UINT8_OVERSAMPLING + TIE_MARGIN  # uint8: wide, rescored here
+    assert sparse_call["vector_name"] == "sparse_bm25" and sparse_call["ids"] is None
+    assert scored_call["vector_name"] == "sparse_bm25" and scored_call["exact"]  # the dense-only points' BM25
     request = _request(QUERY, top_k=10, mode="hybrid", sparse_limit=20)
     query = l2_normalize(query_vector)
     dense_list, sparse_list, _ = searcher.hybrid_candidates("docs", query, bm25.encode_texts([QUERY], query=True)[0], request)
@@ -238,6 +244,19 @@ def test_hybrid_dense_candidates_come_from_the_stored_layout(embedder, corpus, q
     assert sparse_only and set(dense_list.extra) == sparse_only
     for pid, cosine in dense_list.extra.items():  # exact up to int8 error
         assert cosine == pytest.approx(float(vectors[n_of[pid]] @ query), abs=0.01)
+    dense_only = {pid for pid, _ in dense_list.pairs} - {pid for pid, _ in sparse_list.pairs}
+    everything = {h.id: h.score for h in store.search("docs", "sparse_bm25", bm25.encode_texts([QUERY], query=True)[0],
+                                                      N_CHUNKS)}
+    assert dense_only and set(sparse_list.extra) <= dense_only and sparse_list.absent == 0.0
+    # a dense-only point's BM25 is the store's own score for it (absent: it holds none of the query's terms)
+    assert {pid: sparse_list.extra.get(pid, 0.0) for pid in dense_only} == {pid: everything.get(pid, 0.0)
+                                                                           for pid in dense_only}
+    # the sparse unit: the query's sum of IDF weights (Qdrant's IDF over the stored vectors)
+    stored = [p.vectors["sparse_bm25"] for p in store.scroll("docs", with_vectors=True)]
+    query_terms = bm25.encode_texts([QUERY], query=True)[0]
+    df = {t: sum(t in v.indices for v in stored) for t in query_terms.indices.tolist()}
+    idf_sum = sum(math.log(1 + (len(stored) - n + 0.5) / (n + 0.5)) for n in df.values() if n)
+    assert sparse_list.unit == pytest.approx(idf_sum, rel=1e-5)
 
 
 def test_refusals(embedder, reranker, corpus, query_vector):
@@ -274,3 +293,19 @@ def test_cli_filters_parse_to_store_filters():
         "lang": "en", "year": 2024, "tag": ["a", "b"], "ok": True, "v": 1.5}
     with pytest.raises(Exception, match="field=value"):
         parse_filters(["novalue"])
+
+
+def test_exact_search_asks_the_store_for_an_exact_scan_everywhere(embedder, corpus, query_vector):
+    """EMBEDSTREAM_QDRANT__EXACT_SEARCH: every search the searcher makes asks the store for exact search (a server's
+    HNSW graph is approximate above its indexing threshold: docs/fusion.md), and nothing changes without it but the
+    flag."""
+    from embedstream.config import QdrantSettings
+
+    assert QdrantSettings().exact_search is False
+    store = _store(embedder, corpus, SinkConfig(matryoshka_dims=(16, 8)))
+    plain = Searcher(store, _fixed(query_vector)).search(_request(QUERY, top_k=5, top_n=5, rerank=False))
+    assert [c["exact"] for c in store.calls] == [False, True]  # the candidates; their rescoring by id is exact
+    store.calls.clear()
+    exact = Searcher(store, _fixed(query_vector), exact=True).search(_request(QUERY, top_k=5, top_n=5, rerank=False))
+    assert store.calls and all(c["exact"] for c in store.calls)
+    assert [h.id for h in exact.hits] == [h.id for h in plain.hits]  # ':memory:' scans anyway

@@ -107,3 +107,32 @@ def test_get_vectors_reads_one_named_vector_by_id(store, data):
     assert store.get_vectors("docs", [], "full") == {}
     with pytest.raises(ValueError, match="mrl_8"):
         store.get_vectors("docs", wanted, "mrl_8")
+
+
+def test_a_search_restricted_to_ids_scores_exactly_those_points_as_the_full_search_does(store, data):
+    """How the searcher scores given points (a dense-only candidate's BM25, a sparse-only one's cosine): the IDF is
+    the collection's, not the restricted set's, so each score equals the unrestricted search's; a point holding none
+    of the query's terms is left out (its BM25 is 0)."""
+    _fill(store, data)
+    query = SparseVector.of([1, 5, 9], [1.0, 1.0, 1.0])
+    everything = {h.id: h.score for h in store.search("docs", "sparse_bm25", query, N)}
+    holders, others = list(everything)[::4], [pid for pid in data["ids"] if pid not in everything][:5]
+    got = store.search("docs", "sparse_bm25", query, len(holders) + len(others), ids=holders + others, exact=True)
+    assert {h.id: h.score for h in got} == {pid: everything[pid] for pid in holders}
+    dense = store.search("docs", "full", data["dense"][0], 3, ids=data["ids"][40:43], exact=True)
+    assert {h.id for h in dense} == set(data["ids"][40:43])
+    for hit in dense:
+        assert hit.score == pytest.approx(float(data["dense"][data["ids"].index(hit.id)] @ data["dense"][0]), abs=1e-5)
+
+
+def test_a_batch_of_searches_answers_each_in_order_with_its_vectors(store, data):
+    _fill(store, data)
+    probes = [SparseVector.of([t], [1.0]) for t in (1, 5, VOCAB + 7)]  # the last term: no point holds it
+    batch = store.search_batch("docs", "sparse_bm25", probes, 2, exact=True, with_vector=True)
+    assert len(batch) == 3 and batch[2] == []
+    for probe, hits in zip(probes[:2], batch):
+        alone = store.search("docs", "sparse_bm25", probe, 2)
+        assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in alone]
+        for hit in hits:
+            assert hit.vector == data["sparse"][data["ids"].index(hit.id)]
+    assert all(h.vector is None for hits in store.search_batch("docs", "sparse_bm25", probes, 2) for h in hits)
