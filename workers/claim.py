@@ -35,6 +35,13 @@ _NAME = re.compile(r"@([A-Za-z0-9._-]+)")
 RECHECK_S = 30.0
 
 
+class _NoMembers:
+    members: list = []
+
+
+_NO_MEMBERS = _NoMembers()
+
+
 class CollectionClaimed(CodedError):
     """The collection is served by another deployment."""
 
@@ -73,14 +80,32 @@ class CollectionClaim:
             from confluent_kafka.admin import AdminClient
 
             self._admin = AdminClient(self.kafka.librdkafka_config(**{"client.id": "embedstream-claim"}))
-        description = self._admin.describe_consumer_groups([self.group], request_timeout=timeout_s)[self.group] \
-            .result(timeout=timeout_s)
+        description = self._describe(timeout_s)
         others: dict[str, list[str]] = {}
         for member in description.members:
             name = deployment_of(member.client_id)
             if name is not None and name != self.deployment:
                 others.setdefault(name, []).append(f"{member.client_id} on {member.host}")
         return others
+
+    def _describe(self, timeout_s: float):
+        """The group's description; a coordinator still loading or moving is asked again (within ``timeout_s``)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._admin.describe_consumer_groups([self.group], request_timeout=timeout_s)[self.group] \
+                    .result(timeout=timeout_s)
+            except KafkaException as exc:
+                code = exc.args[0].code() if exc.args else None
+                if code == KafkaError.GROUP_ID_NOT_FOUND:  # no group: nobody serves the collection
+                    return _NO_MEMBERS
+                retry = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                         KafkaError.COORDINATOR_NOT_AVAILABLE)
+                if code not in retry or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.5)
 
     def check(self, joined: bool = False) -> None:
         """Raise :class:`CollectionClaimed` if another deployment serves the collection. ``joined``: this
