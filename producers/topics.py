@@ -16,9 +16,10 @@ an untuned 3-broker cluster (Kafka's defaults: 1 and 3) get 3. ``min.insync.repl
 ``KafkaSettings.min_insync_replicas``, unset 2 with 3 copies or more (with the producers' ``acks=all``
 an acknowledged record survives the loss of any one broker), else 1.
 
-A topic is never created with fewer replicas because a broker is down: creation waits (within its
-``timeout_s``) for enough brokers, then fails with :class:`TopicsError` naming the topic, the wanted
-factor and the brokers alive. :func:`replication_report` says which existing topics have fewer
+A topic is never created with fewer replicas because a broker is down. Kafka 4's controller places a
+replica on a registered broker that is down when too few are alive (it catches up on its return); where it
+cannot (too few brokers registered), creation waits (within its ``timeout_s``) for brokers, then fails with
+:class:`TopicsError` naming the topic, the wanted factor and the brokers alive. :func:`replication_report` says which existing topics have fewer
 replicas or a lower ``min.insync.replicas`` than the settings ask (``/readyz`` and ``embedstream dev
 kafka status`` show it).
 
@@ -213,13 +214,13 @@ def _error(exc: KafkaException, what: str) -> TopicsError:
                        retriable=err.code() in _RETRIABLE or err.retriable())
 
 
-def _short_of_brokers(topic: str, replication: Replication, alive: list[int], waited_s: float) -> TopicsError:
+def _short_of_brokers(topic: str, replication: Replication, alive: list[int], waited_s: float,
+                      said: str) -> TopicsError:
     return TopicsError("replication_unavailable", (
         f"cannot create topic {topic!r} with replication factor {replication.replicas or 'the broker default'} "
-        f"({replication.source}): "
-        f"{len(alive)} broker(s) alive ({', '.join(map(str, alive)) or 'none'}), waited {waited_s:.0f} s. Start the "
-        f"missing broker(s), or set EMBEDSTREAM_KAFKA__REPLICATION_FACTOR if the cluster is meant to be smaller"),
-        retriable=True)
+        f"({replication.source}): {len(alive)} broker(s) alive ({', '.join(map(str, alive)) or 'none'}), waited "
+        f"{waited_s:.0f} s; the controller says: {said.rstrip('.')}. Start the missing broker(s), or set "
+        f"EMBEDSTREAM_KAFKA__REPLICATION_FACTOR if the cluster is meant to be smaller"), retriable=True)
 
 
 def ensure_topics(
@@ -255,30 +256,35 @@ def ensure_topics(
 
 
 def _create(admin: _Admin, topic: str, partitions: int, rf: Replication, deadline: float, timeout_s: float) -> bool:
-    """One topic, with exactly ``rf.replicas`` copies: waits (until ``deadline``) while too few brokers are alive.
-    True when this call created it (False: someone else did meanwhile)."""
+    """One topic, with exactly ``rf.replicas`` copies; True when this call created it (False: someone else did).
+
+    The controller places the replicas: on the brokers alive first, and on a registered broker that is down
+    (fenced) when too few are alive, where the replica catches up once it is back (Kafka 4's placement). Only
+    when it cannot (fewer brokers registered than the factor: one never started, or a 3.x controller that
+    counts the alive ones) it answers INVALID_REPLICATION_FACTOR; then this waits for brokers until
+    ``deadline`` and fails naming the topic, the factor and the brokers alive. Never fewer copies."""
     started = time.monotonic()
     while True:
-        left = deadline - time.monotonic()
-        alive = admin.brokers(max(1.0, left))
-        if len(alive) >= (rf.replicas or 1):  # unknown (the broker's default): the broker says if too few
-            future = admin.client.create_topics(
-                [NewTopic(topic, partitions, rf.replicas or -1, config=topic_configs(admin.settings, topic, rf))],
-                operation_timeout=max(1.0, left), request_timeout=max(1.0, left))[topic]
-            try:
-                future.result()
-                _await_leaders(admin, topic, deadline)
-                return True
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                    return False
-                if err.code() != KafkaError.INVALID_REPLICATION_FACTOR:  # a broker fenced since: wait as below
-                    raise _error(exc, f"cannot create topic {topic!r}") from None
+        left = max(1.0, deadline - time.monotonic())
+        future = admin.client.create_topics(
+            [NewTopic(topic, partitions, rf.replicas or -1, config=topic_configs(admin.settings, topic, rf))],
+            operation_timeout=left, request_timeout=left)[topic]
+        try:
+            future.result()
+            _await_leaders(admin, topic, deadline)
+            return True
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return False
+            if err.code() != KafkaError.INVALID_REPLICATION_FACTOR:
+                raise _error(exc, f"cannot create topic {topic!r}") from None
+            said = err.str()
+        alive = admin.brokers(left)
         if time.monotonic() >= deadline:
-            raise _short_of_brokers(topic, rf, alive, time.monotonic() - started)
+            raise _short_of_brokers(topic, rf, alive, time.monotonic() - started, said)
         log.warning("waiting for brokers before creating a topic", topic=topic, replicas=rf.replicas,
-                    brokers_alive=alive, waited_s=round(time.monotonic() - started, 1), timeout_s=timeout_s)
+                    brokers_alive=alive, waited_s=round(time.monotonic() - started, 1), timeout_s=timeout_s, said=said)
         time.sleep(min(_WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
 
 
