@@ -157,6 +157,11 @@ class KafkaSettings(BaseModel):
     topic_documents: str = Field(
         default="embedstream.documents", description="Compacted log of full documents (key = doc_id): re-index source"
     )
+    topic_claims: str = Field(
+        default="embedstream.claims",
+        description="Compacted log of which deployment owns a collection of a Qdrant server (key: server URL and "
+                    "collection): shared by every deployment on the cluster, never scoped by release "
+                    "(workers/claim.py)")
     group_online: str = Field(default="embedstream-embed-online", description="Consumer group of the embed "
                               "workers' online lane (queries and online chunks)")
     group_bulk: str = Field(default="embedstream-embed-bulk", description="Consumer group of the embed workers' "

@@ -135,12 +135,12 @@ def replication_from(settings: KafkaSettings, cluster_configs: dict[str, str] | 
 
 
 def topic_configs(settings: KafkaSettings, topic: str, replication: Replication | None = None) -> dict[str, str]:
-    """Per-topic broker configs: the documents log is compacted (latest version per doc_id survives); a
+    """Per-topic broker configs: the documents log and the claims are compacted (the latest per key survives); a
     replicated topic takes a write once ``min_insync`` replicas have it."""
     configs = {}
     if replication is not None and replication.min_insync is not None and (replication.replicas or 0) != 1:
         configs["min.insync.replicas"] = str(replication.min_insync)
-    if topic == settings.topic_documents:
+    if topic in (settings.topic_documents, settings.topic_claims):
         configs["cleanup.policy"] = "compact"
     return configs
 
@@ -321,17 +321,20 @@ def under_replicated(settings: KafkaSettings, topics: Iterable[str], timeout_s: 
 
 
 def is_project_topic(settings: KafkaSettings, topic: str) -> bool:
-    """One of the project's topics (``all_topics``, or a collection's search or query topic): workers may create it."""
+    """One of the project's topics (``all_topics``, the claims, a collection's search or query topic): workers may
+    create it."""
     from embedstream.producers.search_routing import is_collection_topic
 
-    return topic in all_topics(settings) or is_collection_topic(settings, topic)
+    return topic in all_topics(settings) or topic == settings.topic_claims or is_collection_topic(settings, topic)
 
 
 def deployment_topics(settings) -> list[str]:
-    """Every topic of a deployment (``embedstream.config.Settings``): ``all_topics`` and its collection's own."""
+    """Every topic of a deployment (``embedstream.config.Settings``): ``all_topics``, its collection's own and the
+    claims (shared by all deployments: ``workers/claim.py``)."""
     from embedstream.producers.search_routing import collection_topics
 
-    return [*all_topics(settings.kafka), *collection_topics(settings.kafka, settings.qdrant.collection)]
+    return [*all_topics(settings.kafka), *collection_topics(settings.kafka, settings.qdrant.collection),
+            settings.kafka.topic_claims]
 
 
 def replication_status(settings: KafkaSettings, topics: Iterable[str] | None = None, timeout_s: float = 10.0) -> dict:

@@ -28,7 +28,7 @@ from embedstream.producers.query_client import QueryClient
 from embedstream.producers.search_routing import query_topic, search_group, search_topic, serves
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.rerank import SearchRequest
-from embedstream.workers.claim import CollectionClaim
+from embedstream.workers.claim import CollectionClaim, claim_store
 from embedstream.workers.kafka_io import group_members
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.search import Searcher, SearchError, kafka_embedder
@@ -74,8 +74,8 @@ class VectorSearchWorker(WorkerLoop):
     name = "vector search"
 
     def __init__(self, settings: Settings, store, model: str | None, metrics, embed_timeout_s: float = 5.0):
-        self.claim = CollectionClaim(settings.kafka, settings.qdrant.collection)  # one collection, one owner
-        self.claim.check()
+        self.claim = CollectionClaim(settings.kafka, settings.qdrant.collection, claim_store(settings.qdrant))
+        self.claim.check(record=True)  # one collection, one owner (workers/claim.py)
         super().__init__(settings.kafka, settings.worker, metrics, self.claim.member_id(new_worker_id("search")))
         self.collection = settings.qdrant.collection  # the collection this deployment writes: the one it searches
         own = settings.kafka.model_copy(update={"topic_queries": query_topic(settings.kafka, self.collection)})

@@ -135,3 +135,40 @@ def test_two_deployments_started_together_the_first_name_keeps_the_collection(ka
         assert "'alpha'" in str(stepped_aside.failure) and "'beta'" in str(stepped_aside.failure)
         time.sleep(3)
         assert kept.failure is None and kept.claim.holders() == {}  # beta's member left the group
+
+
+def _release(bootstrap: str, name: str, claims: str, collection: str = "docs_s"):
+    """A deployment as a Helm release makes it: every topic and group its own (another prefix), the shared claims
+    topic, a Qdrant server's URL (the claim's key; the store object itself is the test's)."""
+    settings = isolated_settings(bootstrap, name)
+    settings.kafka.topic_claims = claims
+    settings.qdrant = QdrantSettings(url="http://qdrant.test:6333/", collection=collection, versioned_collections=False)
+    return settings
+
+
+@pytest.mark.timeout(600)
+def test_two_releases_of_one_collection_on_one_server_meet_in_the_claims_topic(kafka_bootstrap, minilm_engine):
+    """Release-scoped names share no search group: the claims topic (keyed by server and collection) is where they
+    meet. The second is refused naming both; once the first has no member left, its claim is taken over."""
+    claims = f"{isolated_settings(kafka_bootstrap, 'claims').kafka.topic_chunks_bulk}.claims"
+    first, second = _release(kafka_bootstrap, "rel1", claims), _release(kafka_bootstrap, "rel2", claims)
+    for settings in (first, second):
+        ensure_topics(settings.kafka, partitions=1)
+    store = memory_store()
+    with Running(VectorSearchWorker(first, store, minilm_engine.spec.name, WorkerMetrics())) as owner:
+        wait_for(lambda: owner.lane.joined(), 60, "the first release's search lane joined")
+        assert owner.claim.claims()["http://qdrant.test:6333|docs_s"]["deployment"] == first.kafka.group_online
+        with pytest.raises(CollectionClaimed) as refused:
+            VectorSearchWorker(second, store, minilm_engine.spec.name, WorkerMetrics())
+        message = str(refused.value)
+        assert "'docs_s' of http://qdrant.test:6333" in message and repr(first.kafka.group_online) in message \
+            and repr(second.kafka.group_online) in message and claims in message, message
+        # another collection on the same server is no conflict
+        other = _release(kafka_bootstrap, "rel3", claims, collection="docs_other")
+        ensure_topics(other.kafka, partitions=1)
+        with Running(VectorSearchWorker(other, store, minilm_engine.spec.name, WorkerMetrics())) as elsewhere:
+            assert elsewhere.failure is None
+    # the first release is gone (its member left the group): its claim is stale and taken over
+    with Running(VectorSearchWorker(second, store, minilm_engine.spec.name, WorkerMetrics())) as successor:
+        assert successor.claim.claims()["http://qdrant.test:6333|docs_s"]["deployment"] == second.kafka.group_online
+        assert successor.failure is None

@@ -22,7 +22,8 @@ def test_each_collection_has_its_own_topic_and_group_and_its_versions_share_them
     assert serves("docs", "docs_v2") and serves("docs", None) and not serves("docs_scalar", "docs_u8")
     assert is_project_topic(KAFKA, search_topic(KAFKA, "docs_u8")) and not is_project_topic(KAFKA, "other.search")
     settings = Settings(qdrant=QdrantSettings(collection="docs_u8"))
-    assert deployment_topics(settings)[-2:] == ["embedstream.search.docs_u8", "embedstream.queries.docs_u8"]
+    assert deployment_topics(settings)[-3:] == ["embedstream.search.docs_u8", "embedstream.queries.docs_u8",
+                                                "embedstream.claims"]
 
 
 def test_a_searchs_query_embedding_goes_to_its_collections_own_queries_topic():
