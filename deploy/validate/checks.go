@@ -494,10 +494,12 @@ var kafkaTopicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 
 // releases: two releases rendered side by side share no Kafka topic or group on one Kafka cluster (a shared
 // group splits its partitions between them, a shared topic mixes their records) and no Qdrant collection on one
-// server (the second deployment is refused at start: workers/claim.py). A release is an object's
+// server (the second deployment is refused at start: workers/claim.py); the claims topic, where they meet, is
+// the one name they share. A release is an object's
 // app.kubernetes.io/instance label; its names are what its pods' environment and its KEDA triggers say.
 func (c *checks) releases(objects []*object) {
 	users := map[kafkaName]map[string]*object{} // name -> release -> first object using it
+	own := map[string][]string{}                // release -> the project's topics its pods are given
 	use := func(o *object, n kafkaName) {
 		release := o.meta.GetLabels()["app.kubernetes.io/instance"]
 		if release == "" || n.name == "" {
@@ -522,11 +524,14 @@ func (c *checks) releases(objects []*object) {
 			for name, value := range env {
 				switch {
 				case name == "EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID" || name == "EMBEDSTREAM_KAFKA__GROUP_PROTOCOL":
+				case name == "EMBEDSTREAM_KAFKA__TOPIC_CLAIMS": // shared on purpose: where deployments meet (workers/claim.py)
 				case strings.HasPrefix(name, "EMBEDSTREAM_KAFKA__TOPIC_"):
 					if !kafkaTopicName.MatchString(value) {
 						c.add(w.object, "env %s: %q is not a Kafka topic name (1-249 of [a-zA-Z0-9._-])", name, value)
 					}
 					use(w.object, kafkaName{"topic", cluster, value})
+					release := w.meta.GetLabels()["app.kubernetes.io/instance"]
+					own[release] = append(own[release], value)
 				case strings.HasPrefix(name, "EMBEDSTREAM_KAFKA__GROUP_"):
 					use(w.object, kafkaName{"consumer group", cluster, value})
 				}
@@ -546,10 +551,19 @@ func (c *checks) releases(objects []*object) {
 			continue
 		}
 		for _, t := range so.Spec.Triggers {
-			if t.Type == "kafka" {
-				use(o, kafkaName{"topic", t.Metadata["bootstrapServers"], t.Metadata["topic"]})
-				use(o, kafkaName{"consumer group", t.Metadata["bootstrapServers"], t.Metadata["consumerGroup"]})
+			if t.Type != "kafka" {
+				continue
 			}
+			// a topic of the project (one its pods are given, or a collection's under one: <search>.<collection>)
+			// is the release's own; a source it only reads (a Debezium topic) may be read by others' groups
+			topic := t.Metadata["topic"]
+			for _, mine := range own[o.meta.GetLabels()["app.kubernetes.io/instance"]] {
+				if topic == mine || strings.HasPrefix(topic, mine+".") {
+					use(o, kafkaName{"topic", t.Metadata["bootstrapServers"], topic})
+					break
+				}
+			}
+			use(o, kafkaName{"consumer group", t.Metadata["bootstrapServers"], t.Metadata["consumerGroup"]})
 		}
 	}
 	names := make([]kafkaName, 0, len(users))

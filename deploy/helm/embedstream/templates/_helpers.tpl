@@ -86,7 +86,7 @@ releases in one cluster never share a name), "<namePrefix>." or "" (namePrefix "
 {{- end }}
 
 {{/* This release's Kafka names, as YAML (include ... | fromYaml): topics and groups (kafka.topics / kafka.groups
-with the prefix), gatewayReplies, deployment (its claim on its collection: workers/claim.py) and its collection's
+with the prefix; the claims topic without: it is where deployments of one cluster meet), gatewayReplies, deployment (its claim on its collection: workers/claim.py) and its collection's
 own topics and search group (producers/search_routing.py: <search>.<collection>, <queries>.<collection>,
 <groups.search>.<collection>). One place: the workers' environment and the KEDA triggers both read it. */}}
 {{- define "embedstream.kafkaNames" -}}
@@ -94,7 +94,7 @@ own topics and search group (producers/search_routing.py: <search>.<collection>,
 {{- $collection := regexReplaceAll "_v[1-9][0-9]*$" (.Values.qdrant.collection | default "docs") "" }}
 topics:
 {{- range $key, $topic := .Values.kafka.topics }}
-  {{ $key }}: {{ printf "%s%s" $p $topic | quote }}
+  {{ $key }}: {{ printf "%s%s" (ternary "" $p (eq $key "claims")) $topic | quote }}
 {{- end }}
 groups:
 {{- range $key, $group := .Values.kafka.groups }}
