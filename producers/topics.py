@@ -229,13 +229,16 @@ def ensure_topics(
     replication: int | None = None,
     topics: Iterable[str] | None = None,
     timeout_s: float = 30.0,
+    wait_for_brokers_s: float | None = None,
 ) -> list[str]:
     """Create the missing topics (default: all of ``settings``); returns the ones created. Idempotent.
 
     ``replication``: replicas of each (None: the settings' or the cluster's, see the module's docstring). Existing
     topics are left as they are (their partitions and replication are not changed: :func:`replication_report`
-    says which fall short). While fewer brokers are alive than the replication asks, creation waits up to
-    ``timeout_s`` in all, then raises :class:`TopicsError` (``replication_unavailable``, retriable)."""
+    says which fall short). While the controller cannot place that many replicas (too few brokers registered),
+    creation waits up to ``wait_for_brokers_s`` (None: ``timeout_s``; a lane that must go on serving passes 0 and
+    tries again later), then raises :class:`TopicsError` (``replication_unavailable``, retriable). ``timeout_s``
+    bounds the whole call."""
     if partitions < 1 or (replication is not None and replication < 1):
         raise ValueError("partitions and replication must be at least 1")
     wanted = list(dict.fromkeys(topics if topics is not None else all_topics(settings)))
@@ -249,20 +252,22 @@ def ensure_topics(
         rf = replication_from(settings.model_copy(update={"replication_factor": replication}), None)
     else:
         rf = admin.replication(max(1.0, deadline - time.monotonic()))
-    created = [topic for topic in missing if _create(admin, topic, partitions, rf, deadline, timeout_s)]
+    wait_until = min(deadline, time.monotonic() + (timeout_s if wait_for_brokers_s is None else wait_for_brokers_s))
+    created = [topic for topic in missing if _create(admin, topic, partitions, rf, wait_until, deadline)]
     if created:
         log.info("topics created", topics=created, partitions=partitions, replicas=rf.replicas, min_insync=rf.min_insync)
     return created
 
 
-def _create(admin: _Admin, topic: str, partitions: int, rf: Replication, deadline: float, timeout_s: float) -> bool:
+def _create(admin: _Admin, topic: str, partitions: int, rf: Replication, wait_until: float, deadline: float) -> bool:
     """One topic, with exactly ``rf.replicas`` copies; True when this call created it (False: someone else did).
 
     The controller places the replicas: on the brokers alive first, and on a registered broker that is down
     (fenced) when too few are alive, where the replica catches up once it is back (Kafka 4's placement). Only
     when it cannot (fewer brokers registered than the factor: one never started, or a 3.x controller that
     counts the alive ones) it answers INVALID_REPLICATION_FACTOR; then this waits for brokers until
-    ``deadline`` and fails naming the topic, the factor and the brokers alive. Never fewer copies."""
+    ``wait_until`` and fails naming the topic, the factor and the brokers alive. Never fewer copies.
+    ``deadline`` bounds each request."""
     started = time.monotonic()
     while True:
         left = max(1.0, deadline - time.monotonic())
@@ -281,11 +286,11 @@ def _create(admin: _Admin, topic: str, partitions: int, rf: Replication, deadlin
                 raise _error(exc, f"cannot create topic {topic!r}") from None
             said = err.str()
         alive = admin.brokers(left)
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= wait_until:
             raise _short_of_brokers(topic, rf, alive, time.monotonic() - started, said)
         log.warning("waiting for brokers before creating a topic", topic=topic, replicas=rf.replicas,
-                    brokers_alive=alive, waited_s=round(time.monotonic() - started, 1), timeout_s=timeout_s, said=said)
-        time.sleep(min(_WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
+                    brokers_alive=alive, waited_s=round(time.monotonic() - started, 1), said=said)
+        time.sleep(min(_WAIT_STEP_S, max(0.0, wait_until - time.monotonic())))
 
 
 def _await_leaders(admin: _Admin, topic: str, deadline: float) -> None:
