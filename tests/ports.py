@@ -23,6 +23,7 @@ FLEET_LATE_CLUSTER = 810  # test_replication's own cluster, one node started lat
 FLEET_WORKERS = 850  # metrics ports of the fleet tests' worker processes (+850..+899)
 BOUND_TO_OWNER = 900  # test_bound_to_owner's runner: its broker +900 (+901) and PostgreSQL +902
 RESTART_BROKER = 910  # slow/test_faults' broker that gets restarted (+910..+949, a free pair)
+QDRANT_SERVER = 960  # test_two_deployments_qdrant: the Qdrant server's HTTP +960 and gRPC +961, its workers' metrics +962, +963
 
 
 def port(offset: int) -> int:
