@@ -1,7 +1,11 @@
 """Two deployments on a real Qdrant server (issue #41), as docs/search-routing.md runs them: `worker embed` processes
-writing `docs_scalar` and `docs_u8` into one server, searched with `embedstream search`. Every search is answered
-from its collection, its query embedded once, by its owner; a third deployment claiming `docs_u8` with names of its
-own (as another Helm release would) stops before loading its model, naming both.
+writing `docs_scalar` (MiniLM) and `docs_u8` (another model) into one server, searched with `embedstream search`.
+Every search is answered from its collection, its query embedded once, by its owner's model; a third deployment
+claiming `docs_u8` with names of its own (as another Helm release would) stops before loading its model, naming both.
+
+Before: each search's query embedding went to both deployments' online groups and the first reply won: with two
+models, the other deployment's instant `unknown_model` (4 searches of 4 in a run by hand on this server); with one,
+every query embedded twice.
 
 The server is Qdrant's own binary (``EMBEDSTREAM_TEST_QDRANT_BIN``, default the v1.19.0 build in
 ``~/.cache/embedstream/qdrant``) on loopback ports of this run (tests/ports.py), its storage in the test's folder."""
@@ -79,9 +83,13 @@ def test_two_deployments_on_one_qdrant_server_answer_each_search_once_from_its_c
     settings = isolated_settings(kafka_bootstrap, "qsrv")
     shared = _shared_env(tmp_path, kafka_bootstrap, qdrant_server, settings)
     metrics = {"scalar": ports.port(ports.QDRANT_SERVER) + 2, "u8": ports.port(ports.QDRANT_SERVER) + 3}
+    from tiny_models import build_tiny_bert
+
+    other_model = build_tiny_bert(tmp_path / "tiny-bert", pooling="mean")  # docs_u8 is written with another model
     deployments = {
         "scalar": _deployment_env(shared, settings, "scalar", "docs_scalar", EMBEDSTREAM_QDRANT__QUANTIZATION="scalar"),
-        "u8": _deployment_env(shared, settings, "u8", "docs_u8", EMBEDSTREAM_QDRANT__VECTOR_DATATYPE="uint8"),
+        "u8": _deployment_env(shared, settings, "u8", "docs_u8", EMBEDSTREAM_QDRANT__VECTOR_DATATYPE="uint8",
+                              EMBEDSTREAM_DEFAULT_MODEL=str(other_model)),
     }
     folder = tmp_path / "docs"
     folder.mkdir()
@@ -110,7 +118,8 @@ def test_two_deployments_on_one_qdrant_server_answer_each_search_once_from_its_c
         for collection, answers in replies.items():
             for reply in answers:
                 assert reply.get("error") is None and reply.get("collection") == collection, reply
-                assert reply["hits"][0]["doc_id"] == "sorting.txt", reply
+                assert reply["hits"] and {hit["doc_id"] for hit in reply["hits"]} <= set(DOCS), reply
+        assert all(reply["hits"][0]["doc_id"] == "sorting.txt" for reply in replies["docs_scalar"])  # MiniLM's
         # each search embedded once, by the deployment writing its collection
         assert {name: after[name] - before[name] for name in metrics} == {"scalar": 3, "u8": 3}, (before, after)
 
