@@ -48,6 +48,7 @@ CLUSTER_MIN_INSYNC = 2
 #: the broker configs whose larger value is a topic's replication when the setting is unset
 CLUSTER_REPLICATION_CONFIGS = ("default.replication.factor", "offsets.topic.replication.factor")
 _WAIT_STEP_S = 1.0
+_CONFIGS_REFUSED_SAID = False
 # librdkafka's and the broker's codes for "the cluster is away, busy or electing": try again later
 _RETRIABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT,
               KafkaError.NOT_CONTROLLER, KafkaError.BROKER_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
@@ -180,7 +181,11 @@ class _Admin:
         try:
             entries = self.client.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
         except KafkaException as exc:
-            log.warning("cannot read the broker's configs", broker=broker, error=str(exc.args[0])[:300])
+            global _CONFIGS_REFUSED_SAID
+            if not _CONFIGS_REFUSED_SAID:  # once per process: /readyz asks every minute
+                _CONFIGS_REFUSED_SAID = True
+                log.warning("cannot read the broker's configs; the broker's default replication is used",
+                            broker=broker, error=str(exc.args[0])[:300])
             return None
         return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
