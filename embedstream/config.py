@@ -158,6 +158,11 @@ class KafkaSettings(BaseModel):
     topic_documents: str = Field(
         default="embedstream.documents", description="Compacted log of full documents (key = doc_id): re-index source"
     )
+    topic_claims: str = Field(
+        default="embedstream.claims",
+        description="Compacted log of which deployment owns a collection of a Qdrant server (key: server URL and "
+                    "collection): shared by every deployment on the cluster, never scoped by release "
+                    "(workers/claim.py)")
     group_online: str = Field(default="embedstream-embed-online", description="Consumer group of the embed "
                               "workers' online lane (queries and online chunks)")
     group_bulk: str = Field(default="embedstream-embed-bulk", description="Consumer group of the embed workers' "
@@ -169,6 +174,13 @@ class KafkaSettings(BaseModel):
         default="embedstream-search",
         description="Prefix of a deployment's search group, <group_search>.<collection>: the embed workers writing "
                     "that collection answer its searches (vector order, or handed on to the rerank workers)")
+    deployment: str | None = Field(
+        default=None, max_length=100, pattern=r"^[A-Za-z0-9._-]+$",
+        description="Name of the deployment these workers belong to: the claim on its collection (workers/claim.py). "
+                    "Replicas and restarts of one deployment share it; a second deployment claiming a collection "
+                    "another one serves is refused, naming both (None: group_online, the deployment's own group; "
+                    "the Helm chart: the release's name)",
+    )
     create_topics: bool = Field(
         default=True,
         description="Workers create the project's topics they consume when missing (partition defaults of "
@@ -177,8 +189,15 @@ class KafkaSettings(BaseModel):
     )
     replication_factor: int | None = Field(
         default=None, ge=1,
-        description="Replicas of each topic the project creates (None: 3 on a cluster of 3 or more brokers, with "
-                    "min.insync.replicas 2; else one per broker, 1 on a single dev broker)",
+        description="Replicas of each topic the project creates, never fewer because a broker is down: creation "
+                    "waits, then fails naming the topic (None: the cluster's configured replication, the larger of "
+                    "its default.replication.factor and offsets.topic.replication.factor: 1 on a single dev broker, "
+                    "3 on the dev cluster and on an untuned 3-broker cluster; producers/topics.py)",
+    )
+    min_insync_replicas: int | None = Field(
+        default=None, ge=1,
+        description="min.insync.replicas of each topic the project creates (None: 2 with 3 replicas or more, else 1). "
+                    "/readyz and `embedstream dev kafka status` report project topics below either setting",
     )
     fetch_max_wait_ms: int = Field(default=10, description="Short fetch wait: request-reply needs it")
     online_client: Literal["librdkafka", "kafka-python"] = Field(
@@ -266,6 +285,10 @@ class KafkaSettings(BaseModel):
         3.0.12's idempotent producer fails every later send after one record the broker refuses (one change too
         large for its topic), librdkafka's only that record. ``extra``: the producer's own settings."""
         return self.librdkafka_config(**{"acks": "all", "enable.idempotence": True, **extra})
+
+    def deployment_name(self) -> str:
+        """This deployment's name (``deployment``, else ``group_online``): what its search lanes' members carry."""
+        return self.deployment or self.group_online
 
     def instance_id(self) -> str | None:
         """The static member id of this process, or None (dynamic membership)."""

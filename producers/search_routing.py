@@ -16,6 +16,11 @@ the partition assignment.
   (``workers/vector_search.py``): one decision, by one worker, per request.
 * A collection no deployment serves: the request sits on a topic no group reads, and the caller's wait ends
   in a timeout that names the collection (:func:`unanswered`), never in another index's hits.
+* The search's query embedding goes to the owner too (issue #41): to the collection's own queries topic,
+  ``<topic_queries>.<collection>`` (:func:`query_topic`), which the owning deployment's online lane reads in
+  its online group. Embedded once, by the model that wrote the collection; on the shared ``topic_queries``
+  every deployment's online group embedded it (N passes, the first reply won, possibly ``unknown_model``).
+* Who owns a collection is checked, not assumed: ``workers/claim.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from embedstream.schemas.bounds import MAX_TOPIC_CHARS
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.workers.trust import base_collection
 
-__all__ = ["route", "search_group", "search_topic", "serves", "unanswered"]
+__all__ = ["collection_topics", "query_topic", "route", "search_group", "search_topic", "serves", "unanswered"]
 
 _DIGEST_CHARS = 12
 
@@ -51,9 +56,35 @@ def search_group(kafka: KafkaSettings, collection: str) -> str:
     return _qualified(kafka.group_search, base_collection(collection))
 
 
+def query_topic(kafka: KafkaSettings, collection: str) -> str:
+    """The topic of the query embeddings of ``collection``'s searches: read by its owner's online lane only."""
+    return _qualified(kafka.topic_queries, base_collection(collection))
+
+
+def collection_topics(kafka: KafkaSettings, collection: str) -> list[str]:
+    """A collection's own topics: its searches and their query embeddings."""
+    return [search_topic(kafka, collection), query_topic(kafka, collection)]
+
+
+def online_topics(kafka: KafkaSettings, collection: str) -> list[str]:
+    """What the online lane of the deployment writing ``collection`` reads: online chunks, the shared queries topic
+    (``embedstream embed``, the gateway's embeddings) and the collection's own (its searches' query embeddings)."""
+    return [kafka.topic_chunks_online, kafka.topic_queries, query_topic(kafka, collection)]
+
+
+def is_query_topic(kafka: KafkaSettings, topic: str) -> bool:
+    """Whether a record of ``topic`` is a query embedding request: the shared queries topic or a collection's."""
+    return topic == kafka.topic_queries or topic.startswith(f"{kafka.topic_queries}.")
+
+
 def is_search_topic(kafka: KafkaSettings, topic: str) -> bool:
     """Whether ``topic`` is a collection's search topic (the project creates it like its other topics)."""
     return topic.startswith(f"{kafka.topic_search}.")
+
+
+def is_collection_topic(kafka: KafkaSettings, topic: str) -> bool:
+    """Whether ``topic`` is a collection's search or query topic."""
+    return is_search_topic(kafka, topic) or (is_query_topic(kafka, topic) and topic != kafka.topic_queries)
 
 
 def serves(own: str, requested: str | None) -> bool:

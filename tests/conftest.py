@@ -169,6 +169,7 @@ def isolated_settings(bootstrap: str, name: str, versioned_collections: bool = F
         topic_search=f"{p}.search",
         topic_dead_letters=f"{p}.dlq",
         topic_documents=f"{p}.documents",
+        topic_claims=f"{p}.claims",
         group_online=f"{p}-online",
         group_bulk=f"{p}-bulk",
         group_rerank=f"{p}-rerank",

@@ -26,6 +26,7 @@ from embedstream.engine.engine import EmbedRequest, Engine, StageTimings
 from embedstream.engine.prepared import Prepared
 from embedstream.engine.errors import EngineError
 from embedstream.engine.yield_points import yielding_to
+from embedstream.producers.search_routing import is_query_topic, online_topics
 from embedstream.schemas import ChunkEvent, DocumentDelete, ErrorInfo, QueryReply, QueryRequest
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import CHUNK_TOPIC_ADAPTER, SparseTerms, now_ms
@@ -118,7 +119,7 @@ class EmbedWorker(StagedWorkerLoop):
         self.unchanged = UnchangedChunks(StoredChunks(sink).lookup, self._wait_answering_queries, self.output.docs,
                                          self.metrics, lambda: self.options.skip_unchanged)  # lookups off this stage
         kafka = settings.kafka
-        topics = {ONLINE: [kafka.topic_chunks_online, kafka.topic_queries], BULK: [kafka.topic_chunks_bulk]}
+        topics = {ONLINE: online_topics(kafka, settings.qdrant.collection), BULK: [kafka.topic_chunks_bulk]}
         groups = {ONLINE: kafka.group_online, BULK: kafka.group_bulk}
         for lane in self.options.lanes:
             self.add_lane(lane, topics[lane], groups[lane], _MAX_POLL_RECORDS[lane], full=self._full_check(lane),
@@ -164,7 +165,7 @@ class EmbedWorker(StagedWorkerLoop):
         for record in records:
             handle = lane.track(record)
             try:
-                if record.topic == self.kafka.topic_queries:
+                if is_query_topic(self.kafka, record.topic):
                     event = decode(record.value, QueryRequest, self.kafka.max_record_bytes)
                 else:
                     event = decode(record.value, CHUNK_TOPIC_ADAPTER, self.kafka.max_record_bytes)

@@ -4,6 +4,14 @@ Alive means the loop thread runs and is not stuck (``stalled`` names why it is: 
 waiting and none taken, for too long). Ready means: model loaded, every lane a member of its group,
 broker and Qdrant reachable; checks are callables so each worker kind supplies its own. Served from
 a daemon thread with the standard library only.
+
+``/readyz`` also *reports*, without failing on it, the worker's topics whose replication factor or
+``min.insync.replicas`` is below the settings (:class:`PeriodicReport`, ``producers/topics.replication_status``;
+gauge ``embedstream_topics_under_replicated``). Report only, because readiness gates what a restart or an
+orchestrator can fix and what it must not make worse: a topic created small stays small whatever the pod
+does (a reassignment fixes it, not a restart), every worker of every lane would go unready at once (a
+rolling upgrade stalls, a PodDisruptionBudget blocks every eviction), and the worker still serves every
+record correctly. What it risks is durability, which is an alert's job (the gauge), not the probe's.
 """
 
 from __future__ import annotations
@@ -13,7 +21,39 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+
+class PeriodicReport:
+    """A report computed off the request path every ``interval_s`` by a daemon thread (``stop()`` ends it);
+    ``/readyz`` shows its last result. ``report()`` returns a dict; a list under ``count_key`` sets the gauge
+    ``gauge_name`` (its length) on ``registry``."""
+
+    def __init__(self, report: Callable[[], dict], interval_s: float = 60.0, registry: CollectorRegistry | None = None,
+                 gauge_name: str = "embedstream_topics_under_replicated", count_key: str = "under_replicated"):
+        self._report, self.interval_s, self.count_key = report, interval_s, count_key
+        self.last: dict = {}
+        self._stop = threading.Event()
+        self._gauge = Gauge(gauge_name, "Project topics whose replication factor or min.insync.replicas is below the "
+                            "settings (reported by /readyz, not failing it)", registry=registry) if registry else None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="readyz-report")
+
+    def start(self) -> "PeriodicReport":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.last = self._report()
+            except Exception as exc:  # noqa: BLE001 - a report says what it could not tell
+                self.last = {"report_failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if self._gauge is not None and isinstance(self.last.get(self.count_key), list):
+                self._gauge.set(len(self.last[self.count_key]))
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def serve(port: int, registry: CollectorRegistry, alive: Callable[[], bool],

@@ -13,7 +13,8 @@ import threading
 
 from embedstream import logs
 from embedstream.gcfreeze import freeze_startup_objects
-from embedstream.workers.health import serve
+from embedstream.producers.topics import is_project_topic, replication_status
+from embedstream.workers.health import PeriodicReport, serve
 from embedstream.workers.loop import WorkerLoop
 
 log = logs.get("embedstream.worker")
@@ -35,8 +36,13 @@ def run_until_signalled(worker: WorkerLoop, metrics_port: int | None, host: str 
         for companion in companions:
             checks.update({f"{companion.name}: {name}": check for name, check in companion.readiness_checks().items()})
 
+        kafka = worker.kafka  # the project's topics this process reads or dead-letters to: their replication
+        topics = sorted({kafka.topic_dead_letters, *(t for loop in loops for lane in loop.lanes.values()
+                                                     for t in lane.topics if is_project_topic(kafka, t))})
+        replication = PeriodicReport(lambda: replication_status(kafka, topics), registry=worker.metrics.registry).start()
+
         def details() -> dict:
-            merged: dict = {}
+            merged: dict = dict(replication.last)  # reported, never failing readiness (workers/health.py says why)
             for loop in loops:
                 for key, value in loop.readiness_details().items():
                     merged.setdefault(key, {}).update(value)
@@ -62,6 +68,7 @@ def run_until_signalled(worker: WorkerLoop, metrics_port: int | None, host: str 
         thread.join()
     if server:
         server.shutdown()
+        replication.stop()
     for loop in loops:
         if loop.failure is not None:
             failure = loop.failure

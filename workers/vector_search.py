@@ -25,9 +25,10 @@ import time
 from embedstream import logs
 from embedstream.config import Settings
 from embedstream.producers.query_client import QueryClient
-from embedstream.producers.search_routing import search_group, search_topic, serves
+from embedstream.producers.search_routing import query_topic, search_group, search_topic, serves
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.rerank import SearchRequest
+from embedstream.workers.claim import CollectionClaim, claim_store
 from embedstream.workers.transport.kafka_io import group_members
 from embedstream.workers.loop import WorkerLoop, new_worker_id
 from embedstream.workers.search import Searcher, SearchError, kafka_embedder
@@ -73,9 +74,12 @@ class VectorSearchWorker(WorkerLoop):
     name = "vector search"
 
     def __init__(self, settings: Settings, store, model: str | None, metrics, embed_timeout_s: float = 5.0):
-        super().__init__(settings.kafka, settings.worker, metrics, new_worker_id("search"))
+        self.claim = CollectionClaim(settings.kafka, settings.qdrant.collection, claim_store(settings.qdrant))
+        self.claim.check(record=True)  # one collection, one owner (workers/claim.py)
+        super().__init__(settings.kafka, settings.worker, metrics, self.claim.member_id(new_worker_id("search")))
         self.collection = settings.qdrant.collection  # the collection this deployment writes: the one it searches
-        self.client = QueryClient(settings.kafka)
+        own = settings.kafka.model_copy(update={"topic_queries": query_topic(settings.kafka, self.collection)})
+        self.client = QueryClient(own)  # the query embeddings go to this deployment's online lane only
         self.searcher = Searcher(store, kafka_embedder(self.client, model, embed_timeout_s), None, self.collection,
                                  dense_scale=settings.sparse.dense_scale, exact=settings.qdrant.exact_search)
         self.trust = TrustPolicy.from_settings(settings)
@@ -84,6 +88,7 @@ class VectorSearchWorker(WorkerLoop):
                                   search_group(settings.kafka, self.collection), 16, online=True)
 
     def run_once(self) -> int:
+        self.claim.recheck()
         records = self.lane.poll(self.lane.joining_timeout(50))
         for record in records:
             handle = self.lane.track(record)

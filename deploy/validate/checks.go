@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -97,6 +98,7 @@ func checkAll(objects []*object) []string {
 	for _, w := range c.workloads {
 		c.podSpec(w.object, &w.template.Spec)
 	}
+	c.releases(objects)
 	return c.problems
 }
 
@@ -481,4 +483,110 @@ func setFields(union any) int {
 		}
 	}
 	return n
+}
+
+// kafkaName is a Kafka topic or group, or a Qdrant collection, one release uses, on one cluster.
+type kafkaName struct {
+	what, cluster, name string
+}
+
+var kafkaTopicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// releases: two releases rendered side by side share no Kafka topic or group on one Kafka cluster (a shared
+// group splits its partitions between them, a shared topic mixes their records) and no Qdrant collection on one
+// server (the second deployment is refused at start: workers/claim.py); the claims topic, where they meet, is
+// the one name they share. A release is an object's
+// app.kubernetes.io/instance label; its names are what its pods' environment and its KEDA triggers say.
+func (c *checks) releases(objects []*object) {
+	users := map[kafkaName]map[string]*object{} // name -> release -> first object using it
+	own := map[string][]string{}                // release -> the project's topics its pods are given
+	use := func(o *object, n kafkaName) {
+		release := o.meta.GetLabels()["app.kubernetes.io/instance"]
+		if release == "" || n.name == "" {
+			return
+		}
+		if users[n] == nil {
+			users[n] = map[string]*object{}
+		}
+		if _, seen := users[n][release]; !seen {
+			users[n][release] = o
+		}
+	}
+	for _, w := range c.workloads {
+		for _, ctr := range w.template.Spec.Containers {
+			env := map[string]string{}
+			for _, e := range ctr.Env {
+				if e.ValueFrom == nil {
+					env[e.Name] = e.Value
+				}
+			}
+			cluster := env["EMBEDSTREAM_KAFKA__BOOTSTRAP_SERVERS"]
+			for name, value := range env {
+				switch {
+				case name == "EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID" || name == "EMBEDSTREAM_KAFKA__GROUP_PROTOCOL":
+				case name == "EMBEDSTREAM_KAFKA__TOPIC_CLAIMS": // shared on purpose: where deployments meet (workers/claim.py)
+				case strings.HasPrefix(name, "EMBEDSTREAM_KAFKA__TOPIC_"):
+					if !kafkaTopicName.MatchString(value) {
+						c.add(w.object, "env %s: %q is not a Kafka topic name (1-249 of [a-zA-Z0-9._-])", name, value)
+					}
+					use(w.object, kafkaName{"topic", cluster, value})
+					release := w.meta.GetLabels()["app.kubernetes.io/instance"]
+					own[release] = append(own[release], value)
+				case strings.HasPrefix(name, "EMBEDSTREAM_KAFKA__GROUP_"):
+					use(w.object, kafkaName{"consumer group", cluster, value})
+				}
+			}
+			if url, ok := env["EMBEDSTREAM_QDRANT__URL"]; ok {
+				collection := env["EMBEDSTREAM_QDRANT__COLLECTION"]
+				if collection == "" {
+					collection = "docs" // the settings' default (embedstream/config.py)
+				}
+				use(w.object, kafkaName{"Qdrant collection", url, collection})
+			}
+		}
+	}
+	for _, o := range objects {
+		so, ok := o.obj.(*kedav1alpha1.ScaledObject)
+		if !ok {
+			continue
+		}
+		for _, t := range so.Spec.Triggers {
+			if t.Type != "kafka" {
+				continue
+			}
+			// a topic of the project (one its pods are given, or a collection's under one: <search>.<collection>)
+			// is the release's own; a source it only reads (a Debezium topic) may be read by others' groups
+			topic := t.Metadata["topic"]
+			for _, mine := range own[o.meta.GetLabels()["app.kubernetes.io/instance"]] {
+				if topic == mine || strings.HasPrefix(topic, mine+".") {
+					use(o, kafkaName{"topic", t.Metadata["bootstrapServers"], topic})
+					break
+				}
+			}
+			use(o, kafkaName{"consumer group", t.Metadata["bootstrapServers"], t.Metadata["consumerGroup"]})
+		}
+	}
+	names := make([]kafkaName, 0, len(users))
+	for n, by := range users {
+		if len(by) > 1 {
+			names = append(names, n)
+		}
+	}
+	sort.Slice(names, func(i, j int) bool {
+		a, b := names[i], names[j]
+		return a.what+"\x00"+a.cluster+"\x00"+a.name < b.what+"\x00"+b.cluster+"\x00"+b.name
+	})
+	for _, n := range names {
+		releases := make([]string, 0, len(users[n]))
+		for r := range users[n] {
+			releases = append(releases, r)
+		}
+		sort.Strings(releases)
+		why := "one release's topics and groups must be its own (kafka.namePrefix)"
+		if n.what == "Qdrant collection" {
+			why = "two deployments of one collection: the second is refused at start (collection_claimed)"
+		}
+		c.add(users[n][releases[len(releases)-1]], "releases %s share %s %q on %s: %s",
+			strings.Join(releases, " and "), n.what, n.name, n.cluster, why)
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"reflect"
 	"sort"
 	"strconv"
@@ -11,7 +12,7 @@ import (
 	"github.com/kedacore/keda/v2/pkg/scalers/scalersconfig"
 )
 
-//go:generate go run ./internal/genkafka
+//go:generate go run ./internal/genscalers
 
 // kedaParam is one parameter of a scaler's metadata, as its `keda:"..."` tag declares it.
 type kedaParam struct {
@@ -47,14 +48,23 @@ func paramsOf(config any) map[string]kedaParam {
 	return out
 }
 
-var kafkaParams = paramsOf(kafkaTriggerMetadata{})
+var (
+	kafkaParams      = paramsOf(kafkaTriggerMetadata{})
+	prometheusParams = paramsOf(prometheusTriggerMetadata{})
+)
 
-// checkTrigger: a trigger's metadata is what its scaler reads. Only the kafka scaler (what this chart
-// renders) and the resource scalers are known here; any other type is reported, not passed unread.
+// checkTrigger: a trigger's metadata is what its scaler reads. Only the kafka and prometheus scalers (what
+// this chart renders) and the resource scalers are known here; any other type is reported, not passed unread.
 func checkTrigger(t kedav1alpha1.ScaleTriggers, authParams []string, env map[string]string) []string {
 	switch t.Type {
 	case "kafka":
-		return checkKafka(t, authParams, env)
+		return checkScaler(t, kafkaParams, &kafkaTriggerMetadata{}, authParams, env)
+	case "prometheus":
+		problems := checkScaler(t, prometheusParams, &prometheusTriggerMetadata{}, authParams, env)
+		if t.MetricType == "Utilization" {
+			problems = append(problems, "metricType Utilization is for the cpu and memory scalers: AverageValue or Value")
+		}
+		return problems
 	case "cpu", "memory":
 		var problems []string
 		for key, value := range t.Metadata {
@@ -79,10 +89,12 @@ func checkTrigger(t kedav1alpha1.ScaleTriggers, authParams []string, env map[str
 	return []string{fmt.Sprintf("trigger type %q: its metadata is not known to this validator", t.Type)}
 }
 
-// checkKafka: every metadata key is a parameter KEDA's kafka scaler reads from the trigger's metadata;
-// the TriggerAuthentication gives only authParams; then KEDA's own parser (defaults, required
-// parameters, numbers, booleans, enums) and the scaler's checks (Validate below) accept the whole.
-func checkKafka(t kedav1alpha1.ScaleTriggers, authParams []string, env map[string]string) []string {
+// checkScaler: every metadata key is a parameter the scaler reads from the trigger's metadata (params, from
+// its typed config); the TriggerAuthentication gives only authParams; then KEDA's own parser (defaults,
+// required parameters, numbers, booleans, enums) and the scaler's checks (the Validate methods below)
+// accept the whole, parsed into parsed (a pointer to the generated struct).
+func checkScaler(t kedav1alpha1.ScaleTriggers, params map[string]kedaParam, parsed any, authParams []string,
+	env map[string]string) []string {
 	var problems []string
 	keys := make([]string, 0, len(t.Metadata))
 	for key := range t.Metadata {
@@ -91,10 +103,10 @@ func checkKafka(t kedav1alpha1.ScaleTriggers, authParams []string, env map[strin
 	sort.Strings(keys)
 	for _, key := range keys {
 		base, fromEnv := strings.CutSuffix(key, "FromEnv")
-		p, known := kafkaParams[base]
+		p, known := params[base]
 		switch {
 		case !known:
-			problems = append(problems, fmt.Sprintf("metadata.%s: not a parameter of KEDA's kafka scaler", key))
+			problems = append(problems, fmt.Sprintf("metadata.%s: not a parameter of KEDA's %s scaler", key, t.Type))
 		case fromEnv && !p.order["resolvedEnv"]:
 			problems = append(problems, fmt.Sprintf("metadata.%s: %s cannot be read from the environment", key, base))
 		case fromEnv && env[t.Metadata[key]] == "":
@@ -105,18 +117,33 @@ func checkKafka(t kedav1alpha1.ScaleTriggers, authParams []string, env map[strin
 	}
 	auth := map[string]string{}
 	for _, param := range authParams {
-		if p, ok := kafkaParams[param]; !ok || !p.order["authParams"] {
-			problems = append(problems, fmt.Sprintf("authentication parameter %q is not one the kafka scaler reads", param))
+		if p, ok := params[param]; !ok || !p.order["authParams"] {
+			problems = append(problems, fmt.Sprintf("authentication parameter %q is not one the %s scaler reads", param, t.Type))
 		}
 		auth[param] = "from-a-secret"
 	}
 	config := scalersconfig.ScalerConfig{TriggerType: t.Type, TriggerName: t.Name, TriggerMetadata: t.Metadata,
 		AuthParams: auth, ResolvedEnv: env}
-	var parsed kafkaTriggerMetadata
-	if err := config.TypedConfig(&parsed); err != nil {
+	if err := config.TypedConfig(parsed); err != nil {
 		problems = append(problems, strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
 	return problems
+}
+
+// Validate (prometheus): what the HPA and the scaler need of the parsed metadata, without a server.
+func (m *prometheusTriggerMetadata) Validate() error {
+	address, err := url.Parse(m.ServerAddress)
+	switch {
+	case err != nil || (address.Scheme != "http" && address.Scheme != "https") || address.Host == "":
+		return fmt.Errorf("serverAddress %q must be an http(s) URL with a host", m.ServerAddress)
+	case strings.TrimSpace(m.Query) == "":
+		return fmt.Errorf("query must be a PromQL expression")
+	case m.Threshold <= 0:
+		return fmt.Errorf("threshold must be a positive number, got %g", m.Threshold)
+	case m.ActivationThreshold < 0:
+		return fmt.Errorf("activationThreshold must be a non-negative number, got %g", m.ActivationThreshold)
+	}
+	return nil
 }
 
 // Validate is called by TypedConfig after parsing: the checks of KEDA's kafkaMetadata.Validate that

@@ -67,10 +67,12 @@ def kafka_stop(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -
 
 @kafka_app.command("status")
 def kafka_status(port: BrokerPort = BROKER_PORT, data_dir: BrokerDataDir = None) -> None:
-    """Print the broker's (or cluster's, each node's) state as JSON; exit 3 when it (any node) does not answer."""
+    """Print the broker's (or cluster's, each node's) state as JSON, with the project's topics whose replication
+    factor or min.insync.replicas is below the settings (under_replicated); exit 3 when it (any node) does not answer."""
     from embedstream import devkafka
+    from embedstream.devkafka.cli import with_replication
 
-    _state(devkafka.status(port=port, data_dir=data_dir), "answering")
+    _state(with_replication(devkafka.status(port=port, data_dir=data_dir)), "answering")
 
 
 def _state(state: dict, up: str) -> None:

@@ -46,6 +46,10 @@ def worker_embed(
     bad = [lane for lane in chosen if lane not in ("online", "bulk")]
     if bad or not chosen:
         raise typer.BadParameter(f"lanes must be online and/or bulk, got {lanes!r}")
+    from embedstream.workers.claim import CollectionClaim, claim_store
+
+    # one owner per collection (workers/claim.py): refused before the model loads
+    CollectionClaim(settings.kafka, settings.qdrant.collection, claim_store(settings.qdrant)).check()
     worker = build_embed_worker(settings, chosen, model)
     companions = ()
     if search:  # on the store the worker writes: the embedded one belongs to this process

@@ -57,9 +57,27 @@ def _parser() -> argparse.ArgumentParser:
     add("stop", "stop the broker").add_argument(
         "--timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, help="seconds before SIGKILL"
     )
-    add("status", "print status as JSON; exit 0 if answering, 3 otherwise")
+    add("status", "print status as JSON (with the project's topics below the replication settings); exit 0 if "
+                  "answering, 3 otherwise")
     add("jars", "resolve the broker jars into the cache and print their directory")
     return parser
+
+
+def with_replication(state: dict) -> dict:
+    """``state`` (a broker's or cluster's status) with the project's topics whose replication factor or
+    ``min.insync.replicas`` is below the settings (``under_replicated``; ``replication_check``: why it could not
+    be told), asked of any node that answers. The settings are the environment's (``EMBEDSTREAM_KAFKA__*``, the
+    bootstrap list aside): ``REPLICATION_FACTOR`` and ``MIN_INSYNC_REPLICAS``, or the cluster's own configs."""
+    if not (state.get("answering") or any(node.get("answering") for node in state.get("nodes", []))):
+        return state
+    from embedstream.config import Settings
+    from embedstream.producers.topics import replication_status
+
+    kafka = Settings().kafka.model_copy(update={"bootstrap_servers": state["bootstrap"]})
+    if state.get("security", "plaintext") != "plaintext" and kafka.security_protocol == "PLAINTEXT":
+        return {**state, "replication_check": f"a {state['security']} broker: export its admin settings "
+                                              "(EMBEDSTREAM_KAFKA__*, see start's output) to check the topics"}
+    return {**state, **replication_status(kafka)}
 
 
 def _say(msg: str, stream: IO[str] = sys.stderr) -> None:
@@ -87,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stopped = stop(args.port, args.data_dir, args.timeout)
             _say("broker stopped" if stopped else "no broker was running")
         elif args.command == "status":
-            state = status(args.port, args.data_dir)
+            state = with_replication(status(args.port, args.data_dir))
             _say(json.dumps(state, indent=2), sys.stdout)
             return 0 if state["answering"] else 3
         elif args.command == "jars":

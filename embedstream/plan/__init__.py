@@ -36,7 +36,10 @@ Autoscaling (``--lag-thresholds``, :mod:`.autoscale`)
     worker sustains × headroom × drain seconds), at least 1: the worker count that drains the backlog in
     about the lane's drain time (``--drain-s``, default online 2, bulk 300, rerank 2, cdc 10). A record is
     a chunk (``--tokens`` tokens at ``--tokens-per-s``), a query (``--texts-per-s``), a rerank or search
-    request (``--candidates`` pairs at ``--pairs-per-s``) or a change event (``--events-per-s``).
+    request (``--candidates`` pairs at ``--pairs-per-s``), a search of the online lane's collection (one at
+    a time per worker: queue + embed + search ms) or a change event (``--events-per-s``). Overload, which
+    lag does not show (a shed query is committed): the online lane's prometheus trigger scales on queries
+    offered (answered + shed) per worker against ``--texts-per-s × headroom`` (``offeredQueriesPerS``).
     ``--helm-values FILE`` writes them in the chart's values layout (deploy/helm/embedstream).
 
 Bench file (``--from-bench FILE``)

@@ -386,6 +386,7 @@ def build_plan(
     autoscaling = None
     if lag_thresholds:
         autoscaling = plan_autoscaling(AutoscaleInputs(tokens, tok_s, texts_s, pairs_s, events_per_s, online_tokens_per_s,
-                                                       candidates, headroom, parse_drain_s(drain_s)))
+                                                       candidates, headroom, parse_drain_s(drain_s),
+                                                       tuple(parse_stage_ms(stage_ms).items()) if stage_ms else ()))
     return Plan(indexing, serving, storage, stages, bench, autoscaling)
 

@@ -9,10 +9,19 @@ headroom, that is the count that drains the current backlog in about ``drain_s``
 
 One record costs, per topic of a lane's consumer group (the chart's ``autoscaling.lagThreshold`` keys):
 a chunk ``--tokens`` tokens of ``--tokens-per-s`` (bulk) or ``--online-tokens-per-s`` (online, default the
-same: measure it at the online lane's threads and precision); a query one text of ``--texts-per-s``;
+same: measure it at the online lane's threads and precision); a query one text of ``--texts-per-s`` (the
+shared queries topic and the collection's own, ``collection_queries``: its searches' query embeddings);
 a rerank or search request ``--candidates`` pairs of ``--pairs-per-s``; a change event one event of
-``--events-per-s`` (the CDC bridge's own rate). Throughputs are per worker process, measured with the
-lane's threads and precision.
+``--events-per-s`` (the CDC bridge's own rate). A search of the online lane's collection
+(``collection_search``) is answered one at a time by its worker's search lane: queue + embed + search ms
+(``--stage-ms``, else 2 + 1000 ÷ texts/s + 4), so 1000 ÷ that many per second. Throughputs are per worker
+process, measured with the lane's threads and precision.
+
+**Overload** (the online lane's prometheus trigger, ``offeredQueriesPerS``): a query the online lane sheds
+(``deadline_exceeded`` at once, predicted late) is committed, so overload never shows as lag. The trigger
+scales on the queries *offered* per second, answered + shed (``embedstream_texts_total{kind="query"}`` +
+``embedstream_shed_total``), against what one worker takes at the headroom: ``--texts-per-s × headroom``.
+KEDA runs ceil(offered ÷ that) workers: at 90 texts/s and 0.7, a lane offered 200 queries/s gets 4.
 """
 
 from __future__ import annotations
@@ -50,13 +59,17 @@ class LaneTopic:
 LANE_TOPICS: tuple[LaneTopic, ...] = (
     LaneTopic("online", "embedOnline", "chunks_online", "chunk", "online_tokens_per_s"),
     LaneTopic("online", "embedOnline", "queries", "query", "texts_per_s"),
+    LaneTopic("online", "embedOnline", "collection_queries", "query", "texts_per_s"),
+    LaneTopic("online", "embedOnline", "collection_search", "search request", "searches_per_s"),
     LaneTopic("bulk", "embedBulk", "chunks_bulk", "chunk", "tokens_per_s"),
     LaneTopic("rerank", "rerank", "rerank", "rerank request", "pairs_per_s"),
     LaneTopic("rerank", "rerank", "search", "search request", "pairs_per_s"),
     LaneTopic("cdc", "cdc", "changes", "change event", "events_per_s"),
 )
 _FLAGS = {"tokens_per_s": "--tokens-per-s", "online_tokens_per_s": "--online-tokens-per-s or --tokens-per-s", "texts_per_s": "--texts-per-s", "pairs_per_s": "--pairs-per-s",
-          "events_per_s": "--events-per-s"}
+          "events_per_s": "--events-per-s", "searches_per_s": "--texts-per-s"}
+#: a search's stages besides its query embedding, ms (``embedstream.plan.arithmetic.DEFAULT_STAGE_MS``'s)
+SEARCH_STAGE_MS = {"queue": 2.0, "search": 4.0}
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,20 @@ class AutoscaleInputs:
     candidates: int = flag("--candidates", 50, whole=True)
     headroom: float = flag("--headroom", 0.7)
     drain_s: tuple[tuple[str, float], ...] = tuple(DEFAULT_DRAIN_S.items())
+    stage_ms: tuple[tuple[str, float], ...] = ()  # --stage-ms (queue, embed, search) for a search's time
+
+    def search_ms(self) -> Optional[float]:
+        """One search's time on its worker's search lane: queue + embed + search ms (None: no --texts-per-s and
+        no embed ms given)."""
+        given = dict(self.stage_ms)
+        embed = given.get("embed", 1000.0 / self.texts_per_s if self.texts_per_s else None)
+        if embed is None:
+            return None
+        return given.get("queue", SEARCH_STAGE_MS["queue"]) + embed + given.get("search", SEARCH_STAGE_MS["search"])
+
+    def offered_queries_per_s(self) -> Optional[float]:
+        """Queries offered per second (answered + shed) one online worker takes at the headroom."""
+        return None if self.texts_per_s is None else self.texts_per_s * self.headroom
 
     def __post_init__(self) -> None:
         check_flags(self)
@@ -95,12 +122,16 @@ class AutoscalePlan:
     rows: tuple[ThresholdRow, ...]
 
     def values(self) -> dict:
-        """The chart's values for the known rows: {lane block: {autoscaling: {lagThreshold: {topic: n}}}}."""
+        """The chart's values for the known rows: {lane block: {autoscaling: {lagThreshold: {topic: n}}}}, and the
+        online lane's ``offeredQueriesPerS``."""
         out: dict = {}
         for row in self.rows:
             if row.lag_threshold is not None:
                 lane = out.setdefault(row.topic.values_key, {"autoscaling": {"lagThreshold": {}}})
                 lane["autoscaling"]["lagThreshold"][row.topic.topic_key] = row.lag_threshold
+        offered = self.inputs.offered_queries_per_s()
+        if offered is not None and "embedOnline" in out:
+            out["embedOnline"]["autoscaling"]["offeredQueriesPerS"] = round(offered, 3)
         return out
 
     def write_values(self, path: str | Path) -> None:
@@ -115,6 +146,9 @@ class AutoscalePlan:
 
 
 def _records_per_s(topic: LaneTopic, i: AutoscaleInputs) -> tuple[Optional[float], Optional[str]]:
+    if topic.throughput == "searches_per_s":
+        ms = i.search_ms()
+        return (None, "pass --texts-per-s (or --stage-ms embed=MS)") if ms is None else (1000.0 / ms * i.headroom, None)
     measured = getattr(i, topic.throughput)
     if topic.throughput == "online_tokens_per_s" and measured is None:
         measured = i.tokens_per_s

@@ -115,6 +115,16 @@ def autoscaling_line(p: AutoscalePlan) -> str:
             f"at {p.inputs.headroom:.0%} headroom): {lanes}")
 
 
+def overload_line(p: AutoscalePlan) -> str:
+    """The online lane's overload trigger: queries offered (answered + shed) per worker."""
+    offered = p.inputs.offered_queries_per_s()
+    if offered is None:
+        return "overload: embedOnline.autoscaling.offeredQueriesPerS unknown: pass --texts-per-s"
+    return (f"overload: embedOnline.autoscaling.offeredQueriesPerS {_sig3(offered)} (--texts-per-s × headroom): KEDA's "
+            f"prometheus trigger runs ceil(queries offered per second, answered + shed, ÷ {_sig3(offered)}) online "
+            f"workers; a shed query is committed, so it never shows as lag")
+
+
 def render(plan: Plan, console=None) -> None:
     """Print the plan: one summary line per section, then its table."""
     from rich.table import Table
@@ -207,4 +217,5 @@ def render(plan: Plan, console=None) -> None:
         for row in p.rows:
             if row.lag_threshold is None:
                 say(f"note: {row.topic.values_key} {row.topic.topic_key} unknown: {row.missing}")
+        say(overload_line(p))
 

@@ -19,6 +19,7 @@ from worker_rig import Running, RunningWorker
 
 from embedstream.producers.chunker import Chunker
 from embedstream.producers.query_client import QueryClient
+from embedstream.producers.search_routing import query_topic
 from embedstream.producers.topics import all_topics, ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
@@ -115,7 +116,8 @@ def test_an_online_worker_creates_its_topics_and_answers_on_a_fresh_namespace(ka
             assert client.embed("a first question", timeout_s=60).error is None
         lane = worker.lanes["online"]
         assert lane.missing == [] and worker.readiness_details() == {}
-        assert set(lane.subscribed) == {settings.kafka.topic_queries, settings.kafka.topic_chunks_online}
+        assert set(lane.subscribed) == {settings.kafka.topic_queries, settings.kafka.topic_chunks_online,
+                                        query_topic(settings.kafka, settings.qdrant.collection)}  # its searches' queries
 
 
 @pytest.mark.timeout(300)
@@ -124,7 +126,8 @@ def test_a_lane_not_allowed_to_create_serves_the_topics_that_exist_and_picks_up_
     settings = isolated_settings(kafka_bootstrap, "nocreate")
     settings.kafka.create_topics = False
     ensure_topics(settings.kafka, partitions=2, topics=[settings.kafka.topic_queries, settings.kafka.topic_replies,
-                                                        settings.kafka.topic_dead_letters])
+                                                        settings.kafka.topic_dead_letters,
+                                                        query_topic(settings.kafka, settings.qdrant.collection)])
     store = memory_store()
     with RunningWorker(settings, minilm_engine, store, lanes=("online",)) as worker:
         with QueryClient(settings.kafka) as client:

@@ -108,9 +108,11 @@ def built_workers(monkeypatch):
     """Run the worker commands up to the point where a worker would start; record what they were built from."""
     from types import SimpleNamespace
 
-    from embedstream.workers import runtime, serve, vector_search
+    from embedstream.workers import claim, runtime, serve, vector_search
 
     built: list[dict] = []
+    # the claim on the collection is asked of the broker before the model loads: recorded here, no broker
+    monkeypatch.setattr(claim.CollectionClaim, "check", lambda self, **kw: built.append({"claim": self.collection}))
 
     def embed_worker(settings, lanes, model=None):
         built.append({"settings": settings, "lanes": lanes})
@@ -134,9 +136,10 @@ def test_worker_embed_flags_override_the_worker_settings_only_when_given(built_w
     result = CliRunner().invoke(app, ["worker", "embed", "--lanes", "bulk", "--metrics-port", "0", *flag],
                                 env={"EMBEDSTREAM_WORKER__SKIP_UNCHANGED": env})
     assert result.exit_code == 0, result.output
-    assert built_workers[0]["lanes"] == ("bulk",)
-    assert built_workers[0]["settings"].worker.skip_unchanged is expected
+    assert built_workers[1]["lanes"] == ("bulk",)
+    assert built_workers[1]["settings"].worker.skip_unchanged is expected
     assert "search" in built_workers[-1]  # and its search lane, on the store it writes
+    assert {"claim": "docs"} in built_workers  # one owner per collection: checked before the worker is built
 
 
 @pytest.mark.parametrize("flag, expected", [([], 20), (["--max-candidates", "7"], 7)])

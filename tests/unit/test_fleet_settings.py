@@ -11,7 +11,7 @@ from embedstream.config import KafkaSettings
 from embedstream.devkafka.cluster import cluster_overrides, node_layout, node_port
 from embedstream.devkafka.layout import Layout
 from embedstream.devkafka.storage import server_properties
-from embedstream.producers.topics import min_insync, replication_factor, topic_configs
+from embedstream.producers.topics import TopicsError, min_insync, replication_from, topic_configs
 from embedstream.workers.transport.kafka_io import incremental, kafka_python_rebalancing, librdkafka_rebalancing
 
 
@@ -38,15 +38,30 @@ def test_a_single_broker_keeps_one_replica(tmp_path: Path):
     assert props["offsets.topic.replication.factor"] == props["default.replication.factor"] == "1"
 
 
-@pytest.mark.parametrize(("brokers", "replicas", "in_sync"), [(1, 1, 1), (2, 2, 1), (3, 3, 2), (5, 3, 2)])
-def test_topics_follow_the_cluster(brokers, replicas, in_sync):
+@pytest.mark.parametrize(("default_rf", "offsets_rf", "replicas", "in_sync"),
+                         [("1", "1", 1, 1), ("1", "3", 3, 2), ("3", "3", 3, 2), ("2", "1", 2, 1), ("5", "3", 5, 2)])
+def test_topics_get_the_clusters_configured_replication(default_rf, offsets_rf, replicas, in_sync):
+    """The larger of the cluster's default.replication.factor and offsets.topic.replication.factor: static configs,
+    the same whichever broker is down (issue #41: it was the brokers alive, so RF 2 for good while one of 3 was down)."""
     settings = KafkaSettings()
-    assert replication_factor(settings, brokers) == replicas
+    configs = {"default.replication.factor": default_rf, "offsets.topic.replication.factor": offsets_rf,
+               "min.insync.replicas": "1"}
+    wanted = replication_from(settings, configs)
+    assert (wanted.replicas, wanted.min_insync) == (replicas, in_sync)
     assert min_insync(replicas) == in_sync
-    configs = topic_configs(settings, settings.topic_chunks_bulk, replicas)
-    assert configs.get("min.insync.replicas", "1") == str(in_sync)
-    assert topic_configs(settings, settings.topic_documents, replicas)["cleanup.policy"] == "compact"
-    assert replication_factor(KafkaSettings(replication_factor=2), brokers) == 2  # the setting wins
+    assert topic_configs(settings, settings.topic_chunks_bulk, wanted).get("min.insync.replicas", "1") == str(in_sync)
+    assert topic_configs(settings, settings.topic_documents, wanted)["cleanup.policy"] == "compact"
+    # the settings win over the cluster
+    assert replication_from(KafkaSettings(replication_factor=2), configs).replicas == 2
+    assert replication_from(KafkaSettings(min_insync_replicas=1), configs).min_insync == 1
+
+
+def test_replication_unreadable_is_the_brokers_default_and_a_min_insync_above_it_is_refused():
+    unknown = replication_from(KafkaSettings(), None)  # no DescribeConfigs right: CreateTopics without a factor
+    assert unknown.replicas is None and unknown.min_insync is None
+    assert "min.insync.replicas" not in topic_configs(KafkaSettings(), "t", unknown)
+    with pytest.raises(TopicsError, match="MIN_INSYNC_REPLICAS=3 is above the replication factor 2"):
+        replication_from(KafkaSettings(replication_factor=2, min_insync_replicas=3), None)
 
 
 def test_every_producer_waits_for_all_in_sync_replicas_idempotently():

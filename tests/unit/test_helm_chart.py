@@ -22,6 +22,7 @@ import pytest
 from embedstream.config import KafkaSettings
 from parts import require
 from embedstream.plan import build_plan
+from embedstream.producers.search_routing import query_topic, search_group, search_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "embedstream"
@@ -33,6 +34,7 @@ COMBOS = {
     "secured-kafka": ["-f", str(CHART / "ci" / "secured-kafka.yaml")],
 }
 LANES = {"embed-online", "embed-bulk", "rerank", "cdc-bridge"}
+PREFIX = "embedstream.emb."  # every topic and group of release emb in namespace embedstream (kafka.namePrefix null)
 
 # The first build of helm and the validator (downloads and compiles) takes minutes on 2 loaded vCPUs.
 pytestmark = [pytest.mark.timeout(3600)]
@@ -181,8 +183,8 @@ def test_validator_rejects_a_broken_object(tools, rendered, old, new, message):
     assert out.returncode == 1 and message in out.stderr, out.stderr
 
 
-def test_generated_kafka_metadata_is_what_the_pinned_keda_says(tools):
-    out = subprocess.run(["go", "run", "./internal/genkafka", "-check"], cwd=VALIDATE_DIR, capture_output=True,
+def test_generated_scaler_metadata_is_what_the_pinned_keda_says(tools):
+    out = subprocess.run(["go", "run", "./internal/genscalers", "-check"], cwd=VALIDATE_DIR, capture_output=True,
                          text=True, timeout=1200)
     assert out.returncode == 0, out.stderr
 
@@ -219,7 +221,7 @@ def test_a_statefulset_per_lane_with_probes_pdb_and_static_member_ids(objects):
     assert container(gateway)["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container(gateway)["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert "--rerank-model" in container(gateway)["args"]
-    assert env(gateway)["EMBEDSTREAM_KAFKA__TOPIC_REPLIES"] == "embedstream.replies.gateway"
+    assert env(gateway)["EMBEDSTREAM_KAFKA__TOPIC_REPLIES"] == PREFIX + "embedstream.replies.gateway"
     assert "EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID" not in env(gateway)
 
 
@@ -227,19 +229,25 @@ def test_keda_scales_each_lane_on_its_own_groups_lag(objects):
     kafka = KafkaSettings()
     scaled = by_kind(objects["cdc-on"], "ScaledObject")
     assert set(scaled) == LANES
-    expected = {  # lane -> (group, topics) as the workers consume them (workers/embed_worker.py, rerank_worker.py)
-        "embed-online": (kafka.group_online, [kafka.topic_chunks_online, kafka.topic_queries]),
-        "embed-bulk": (kafka.group_bulk, [kafka.topic_chunks_bulk]),
-        "rerank": (kafka.group_rerank, [kafka.topic_rerank, kafka.topic_search]),
-        "cdc-bridge": (kafka.group_cdc, ["cdc.public.articles"]),
+    kafka = KafkaSettings(**{f: PREFIX + getattr(kafka, f) for f in type(kafka).model_fields
+                             if f.startswith(("topic_", "group_")) and f not in ("group_instance_id", "group_protocol")})
+    own = KafkaSettings(topic_search=kafka.topic_search, topic_queries=kafka.topic_queries, group_search=kafka.group_search)
+    expected = {  # lane -> {(group, topic)} as the workers consume them (workers/embed_worker.py, vector_search.py,
+        # rerank_worker.py, producers/search_routing.py): the online lane's collection has its own queries topic, and
+        # its search topic is read in the collection's search group
+        "embed-online": {(kafka.group_online, kafka.topic_chunks_online), (kafka.group_online, kafka.topic_queries),
+                         (kafka.group_online, query_topic(own, "docs")),
+                         (search_group(own, "docs"), search_topic(own, "docs"))},
+        "embed-bulk": {(kafka.group_bulk, kafka.topic_chunks_bulk)},
+        "rerank": {(kafka.group_rerank, kafka.topic_rerank), (kafka.group_rerank, kafka.topic_search)},
+        "cdc-bridge": {(kafka.group_cdc, "cdc.public.articles")},
     }
     for lane, so in scaled.items():
         assert so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": f"emb-embedstream-{lane}"}
-        triggers = so["spec"]["triggers"]
-        assert {t["type"] for t in triggers} == {"kafka"}
-        assert {t["metadata"]["consumerGroup"] for t in triggers} == {expected[lane][0]}
-        assert sorted(t["metadata"]["topic"] for t in triggers) == sorted(expected[lane][1])
+        triggers = [t for t in so["spec"]["triggers"] if t["type"] == "kafka"]
+        assert {(t["metadata"]["consumerGroup"], t["metadata"]["topic"]) for t in triggers} == expected[lane]
         assert all(t["metadata"]["offsetResetPolicy"] == "earliest" for t in triggers)
+        assert {t["type"] for t in so["spec"]["triggers"]} == ({"kafka", "prometheus"} if lane == "embed-online" else {"kafka"})
     assert scaled["embed-online"]["spec"]["minReplicaCount"] >= 1  # queries never wait for a cold start
     assert scaled["embed-bulk"]["spec"]["minReplicaCount"] == 0
 
@@ -251,14 +259,17 @@ def test_without_keda_the_replica_counts_are_the_values(objects):
 
 def test_topic_and_group_defaults_are_the_settings_defaults(objects):
     """The chart states the names twice (workers' env, KEDA triggers) from one place, its values; those
-    must equal embedstream/config.py's defaults, or a default install would scale on a group nobody uses."""
+    must equal embedstream/config.py's defaults under the release's prefix (the claims topic, where deployments
+    meet, without), or a default install would scale on a group nobody uses."""
     kafka = KafkaSettings()
     online = by_kind(objects["defaults"], "StatefulSet")["embed-online"]
     names = {k: v for k, v in env(online).items() if k.startswith(("EMBEDSTREAM_KAFKA__TOPIC_", "EMBEDSTREAM_KAFKA__GROUP_"))
              and k != "EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID"}
-    fields = {f"EMBEDSTREAM_KAFKA__{f.upper()}": getattr(kafka, f) for f in type(kafka).model_fields
+    fields = {f"EMBEDSTREAM_KAFKA__{f.upper()}": ("" if f == "topic_claims" else PREFIX) + getattr(kafka, f)
+              for f in type(kafka).model_fields
               if f.startswith(("topic_", "group_")) and f not in ("group_instance_id", "group_protocol")}
     assert names == fields
+    assert env(online)["EMBEDSTREAM_KAFKA__DEPLOYMENT"] == PREFIX.rstrip(".")
 
 
 def test_lane_settings_are_docker_composes(objects):
@@ -307,10 +318,13 @@ def test_default_thresholds_are_plans_output_for_the_reference_throughputs(objec
     plan = build_plan(lag_thresholds=True, tokens=200, tokens_per_s=5827, online_tokens_per_s=5689, texts_per_s=90,
                       pairs_per_s=22, events_per_s=5)
     want = {row.topic.topic_key.replace("_", "-"): row.lag_threshold for row in plan.autoscaling.rows}
-    got = {t["name"]: int(t["metadata"]["lagThreshold"])
-           for so in by_kind(objects["cdc-on"], "ScaledObject").values() for t in so["spec"]["triggers"]}
-    assert got == want == {"chunks-online": 39, "queries": 126, "chunks-bulk": 6118, "rerank": 1, "search": 1,
-                           "changes": 35}
+    triggers = [t for so in by_kind(objects["cdc-on"], "ScaledObject").values() for t in so["spec"]["triggers"]]
+    got = {t["name"]: int(t["metadata"]["lagThreshold"]) for t in triggers if t["type"] == "kafka"}
+    assert got == want == {"chunks-online": 39, "queries": 126, "collection-queries": 126, "collection-search": 81,
+                           "chunks-bulk": 6118, "rerank": 1, "search": 1, "changes": 35}
+    (offered,) = [t for t in triggers if t["type"] == "prometheus"]
+    assert float(offered["metadata"]["threshold"]) == \
+        plan.autoscaling.values()["embedOnline"]["autoscaling"]["offeredQueriesPerS"] == 63.0  # 90 queries/s × 0.7
     values = (CHART / "values.yaml").read_text()
     assert "--tokens 200 --tokens-per-s 5827 --online-tokens-per-s 5689" in values
     assert "--texts-per-s 90 --pairs-per-s 22 --events-per-s 5" in values
@@ -324,10 +338,105 @@ def test_plan_thresholds_reach_every_trigger(tools, tmp_path):
     values = tmp_path / "thresholds.yaml"
     plan.autoscaling.write_values(values)
     objs = validated(tools, render(tools, *COMBOS["cdc-on"], "-f", str(values)))
-    got = {}
+    got, offered = {}, []
     for so in by_kind(objs, "ScaledObject").values():
         for t in so["spec"]["triggers"]:
-            got[t["name"]] = int(t["metadata"]["lagThreshold"])
+            if t["type"] == "kafka":
+                got[t["name"]] = int(t["metadata"]["lagThreshold"])
+            else:
+                offered.append(float(t["metadata"]["threshold"]))
     want = {row.topic.topic_key.replace("_", "-"): row.lag_threshold for row in plan.autoscaling.rows}
     assert got == want
     assert want["chunks-bulk"] == 12_180 and want["queries"] == 210  # 5800 × 0.7 ÷ 200 × 600; 150 × 0.7 × 2
+    assert offered == [105.0]  # 150 queries/s × 0.7 headroom offered per online worker
+
+
+# ------------------------------------------------------------------------------ releases side by side
+
+
+def _release(tools, release: str, *args: str) -> str:
+    out = _run([tools[0], "template", release, str(CHART), "--namespace", "embedstream", *args])
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _kafka_names(objs: list[dict], release: str) -> set[tuple[str, str]]:
+    """(kind, name) of every topic and group a release's pods are given or its triggers watch."""
+    names = set()
+    for o in objs:
+        if o["metadata"]["labels"]["app.kubernetes.io/instance"] != release:
+            continue
+        if o["kind"] in ("StatefulSet", "Deployment", "Job"):
+            for key, value in env(o).items():
+                if key.startswith("EMBEDSTREAM_KAFKA__TOPIC_"):
+                    names.add(("topic", value))
+                elif key.startswith("EMBEDSTREAM_KAFKA__GROUP_") and key != "EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID":
+                    names.add(("group", value))
+        if o["kind"] == "ScaledObject":
+            for t in o["spec"]["triggers"]:
+                if t["type"] == "kafka":
+                    names |= {("topic", t["metadata"]["topic"]), ("group", t["metadata"]["consumerGroup"])}
+    return names
+
+
+def test_two_releases_side_by_side_validate_with_names_of_their_own(tools):
+    """Issue #41: two releases with default values shared every topic and group (a shared group splits its
+    partitions between them). Names are scoped by <namespace>.<release> now; both rendered into one stream
+    validate, and they share nothing but the claims topic (where deployments meet) and the Debezium topic both
+    bridges read (a source, each release with its own group)."""
+    both = _release(tools, "emb", *COMBOS["cdc-on"]) + _release(tools, "two", *COMBOS["cdc-on"],
+                                                                 "--set", "qdrant.collection=docs_two")
+    objs = validated(tools, both)
+    first, second = _kafka_names(objs, "emb"), _kafka_names(objs, "two")
+    assert first & second == {("topic", "embedstream.claims"), ("topic", "cdc.public.articles")}
+    assert all(name.startswith("embedstream.emb.") for kind, name in first if name not in ("embedstream.claims",
+                                                                                          "cdc.public.articles"))
+    deployments = {env(o)["EMBEDSTREAM_KAFKA__DEPLOYMENT"] for o in objs if o["kind"] == "StatefulSet"}
+    assert deployments == {"embedstream.emb", "embedstream.two"}
+
+
+@pytest.mark.parametrize("second_args, messages", [
+    # names as they were (no prefix): every topic and group shared
+    (["--set", "kafka.namePrefix=", "--set", "qdrant.collection=docs_two"],
+     ['releases emb and two share consumer group "embedstream-embed-online" on kafka:9092',
+      'releases emb and two share topic "embedstream.queries" on kafka:9092']),
+    # one collection of one Qdrant server written by both: refused at start at run time, here already
+    ([], ['releases emb and two share Qdrant collection "docs" on http://qdrant:6333: two deployments of one '
+          'collection: the second is refused at start (collection_claimed)']),
+])
+def test_validator_refuses_two_releases_that_collide(tools, second_args, messages):
+    first = _release(tools, "emb", *(["--set", "kafka.namePrefix="] if second_args else []))
+    out = validate(tools, first + _release(tools, "two", *second_args))
+    assert out.returncode == 1, out.stderr
+    for message in messages:
+        assert message in out.stderr, out.stderr
+
+
+def test_the_online_lanes_overload_trigger_counts_shed_queries(objects):
+    """A shed query is committed (no lag): the prometheus trigger scales the online lane on the queries offered,
+    answered + shed, of this release's online pods only."""
+    online = by_kind(objects["cdc-on"], "ScaledObject")["embed-online"]
+    (trigger,) = [t for t in online["spec"]["triggers"] if t["type"] == "prometheus"]
+    meta = trigger["metadata"]
+    assert trigger["metricType"] == "AverageValue" and meta["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert 'embedstream_texts_total{lane="online",kind="query",' in meta["query"]
+    assert 'embedstream_shed_total{lane="online",' in meta["query"]
+    assert meta["query"].count('namespace="embedstream",pod=~"emb-embedstream-embed-online-[0-9]+"') == 2
+    assert "or vector(0)" in meta["query"]  # no shed series yet is 0, not an empty sum
+    assert not [t for t in by_kind(objects["defaults"], "ScaledObject")["embed-online"]["spec"]["triggers"]
+                if t["type"] == "prometheus"]  # no Prometheus address: lag triggers only
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("serverAddress: \"http://prometheus-operated.monitoring.svc:9090\"", "serverAddress: \"prometheus:9090\"",
+     'serverAddress "prometheus:9090" must be an http(s) URL with a host'),
+    ('threshold: "63"', 'threshold: "0"', "threshold must be a positive number"),
+    ('threshold: "63"', 'threshold: "many"', "threshold"),
+    ("activationThreshold: \"0\"", "activationThresold: \"0\"", "metadata.activationThresold: not a parameter of KEDA's prometheus scaler"),
+    ("metricType: AverageValue", "metricType: Utilization", "metricType Utilization is for the cpu and memory scalers"),
+])
+def test_validator_rejects_a_broken_prometheus_trigger(tools, rendered, old, new, message):
+    good = rendered["cdc-on"]
+    assert validate(tools, good).returncode == 0
+    out = validate(tools, _broken(good, old, new))
+    assert out.returncode == 1 and message in out.stderr, out.stderr

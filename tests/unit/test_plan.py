@@ -402,6 +402,10 @@ def test_lag_threshold_is_what_one_worker_drains_in_the_lanes_drain_time():
     assert rows["embedBulk", "chunks_bulk"].lag_threshold == 17.5 * 600 == 10_500
     assert rows["embedOnline", "chunks_online"].lag_threshold == 35  # 17.5 × the online default, 2 s
     assert rows["embedOnline", "queries"].lag_threshold == 210  # 150 × 0.7 × 2
+    assert rows["embedOnline", "collection_queries"].lag_threshold == 210  # the collection's searches' embeddings
+    # a search, one at a time on its worker: queue 2 + embed 1000/150 + search 4 ms = 12.67 ms; 78.9/s × 0.7 × 2
+    assert rows["embedOnline", "collection_search"].records_per_s == pytest.approx(1000 / (2 + 1000 / 150 + 4) * 0.7)
+    assert rows["embedOnline", "collection_search"].lag_threshold == 110
     # a rerank or search request is 50 pairs: 900 × 0.7 ÷ 50 = 12.6 requests/s, 25.2 in 2 s
     assert rows["rerank", "rerank"].lag_threshold == rows["rerank", "search"].lag_threshold == 25
     assert rows["cdc", "changes"].lag_threshold == 280  # 40 × 0.7 × 10
@@ -409,7 +413,9 @@ def test_lag_threshold_is_what_one_worker_drains_in_the_lanes_drain_time():
     online = plan_autoscaling(AutoscaleInputs(tokens_per_chunk=200, tokens_per_s=5000, online_tokens_per_s=2000))
     assert [r.lag_threshold for r in online.rows if r.topic.topic_key in ("chunks_online", "chunks_bulk")] == [14, 5250]
     assert p.values() == {
-        "embedOnline": {"autoscaling": {"lagThreshold": {"chunks_online": 35, "queries": 210}}},
+        "embedOnline": {"autoscaling": {"lagThreshold": {"chunks_online": 35, "queries": 210, "collection_queries": 210,
+                                                         "collection_search": 110},
+                                        "offeredQueriesPerS": 105.0}},  # 150 × 0.7 queries offered per worker
         "embedBulk": {"autoscaling": {"lagThreshold": {"chunks_bulk": 10_500}}},
         "rerank": {"autoscaling": {"lagThreshold": {"rerank": 25, "search": 25}}},
         "cdc": {"autoscaling": {"lagThreshold": {"changes": 280}}},
@@ -452,9 +458,29 @@ def test_cli_prints_thresholds_and_writes_helm_values(tmp_path):
     assert "embedBulk" in result.output and "10,500" in result.output
     assert "rerank devices" not in result.output  # no serving section without --qps
     values = json.loads(out.read_text())  # JSON is YAML: helm -f reads it
-    assert values == {"embedOnline": {"autoscaling": {"lagThreshold": {"chunks_online": 35, "queries": 210}}},
+    assert values == {"embedOnline": {"autoscaling": {"lagThreshold": {"chunks_online": 35, "queries": 210,
+                                                                       "collection_queries": 210, "collection_search": 110},
+                                                      "offeredQueriesPerS": 105.0}},
                       "embedBulk": {"autoscaling": {"lagThreshold": {"chunks_bulk": 10_500}}}}
     assert "note: rerank" in result.output and "--pairs-per-s" in result.output
+    assert "overload: embedOnline.autoscaling.offeredQueriesPerS 105" in result.output
+
+
+def test_a_searchs_time_comes_from_the_stage_table_and_its_defaults_are_the_plans():
+    """collection_search: one search at a time per worker, queue + embed + search ms (--stage-ms, else defaults that
+    are the stage table's own); the overload threshold is --texts-per-s × headroom."""
+    from embedstream.plan.arithmetic import DEFAULT_STAGE_MS
+    from embedstream.plan.autoscale import SEARCH_STAGE_MS
+
+    assert SEARCH_STAGE_MS == {k: DEFAULT_STAGE_MS[k] for k in SEARCH_STAGE_MS}
+    plan = build_plan(lag_thresholds=True, texts_per_s=90, stage_ms="queue=5,search=20")
+    rows = {r.topic.topic_key: r for r in plan.autoscaling.rows if r.topic.values_key == "embedOnline"}
+    assert rows["collection_search"].lag_threshold == int(1000 / (5 + 1000 / 90 + 20) * 0.7 * 2)  # 38
+    assert plan.autoscaling.values()["embedOnline"]["autoscaling"]["offeredQueriesPerS"] == 63.0
+    unknown = build_plan(lag_thresholds=True, tokens=200, tokens_per_s=5000).autoscaling
+    assert {r.topic.topic_key: r.missing for r in unknown.rows}["collection_search"] == \
+        "pass --texts-per-s (or --stage-ms embed=MS)"
+    assert "offeredQueriesPerS" not in unknown.values()["embedOnline"]["autoscaling"]
 
 
 def test_cli_tokens_alone_still_needs_chunks_or_lag_thresholds():

@@ -22,7 +22,7 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.producers.topics import ensure_topics, is_project_topic
+from embedstream.producers.topics import TopicsError, ensure_topics, is_project_topic
 from embedstream.schemas import ErrorInfo
 from embedstream.vectorstore.faults import store_fault
 from embedstream.workers.transport.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
@@ -165,9 +165,9 @@ class Lane:
         creatable = [topic for topic in missing if is_project_topic(self.kafka, topic)] if self._may_create else []
         if creatable:
             try:
-                ensure_topics(self.kafka, topics=creatable)
+                ensure_topics(self.kafka, topics=creatable, wait_for_brokers_s=0)  # no wait: serve, look again
                 missing = missing_topics(self.kafka, self.topics)
-            except KafkaError as exc:  # no CREATE right, a creation policy: wait for someone who may
+            except (KafkaError, TopicsError) as exc:  # no CREATE right, a policy, too few brokers: wait
                 self._may_create = exc.retriable  # a timeout: try again at the next check
                 log.warning("cannot create topics; waiting for them", lane=self.name, topics=creatable,
                             error=f"{type(exc).__name__}: {str(exc)[:300]}", retrying=exc.retriable)

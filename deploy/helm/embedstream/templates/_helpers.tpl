@@ -76,11 +76,43 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- if ne .Values.kafka.securityProtocol "PLAINTEXT" }}true{{ end }}
 {{- end }}
 
+{{/* Kafka names ---------------------------------------------------------------------------------- */}}
+
+{{/* The prefix of every topic and group of this release: "<namespace>.<release>." (kafka.namePrefix null: two
+releases in one cluster never share a name), "<namePrefix>." or "" (namePrefix ""). */}}
+{{- define "embedstream.kafkaPrefix" -}}
+{{- $p := .Values.kafka.namePrefix }}
+{{- if kindIs "invalid" $p }}{{ printf "%s.%s." .Release.Namespace .Release.Name }}{{ else if $p }}{{ printf "%s." $p }}{{ end }}
+{{- end }}
+
+{{/* This release's Kafka names, as YAML (include ... | fromYaml): topics and groups (kafka.topics / kafka.groups
+with the prefix; the claims topic without: it is where deployments of one cluster meet), gatewayReplies, deployment (its claim on its collection: workers/claim.py) and its collection's
+own topics and search group (producers/search_routing.py: <search>.<collection>, <queries>.<collection>,
+<groups.search>.<collection>). One place: the workers' environment and the KEDA triggers both read it. */}}
+{{- define "embedstream.kafkaNames" -}}
+{{- $p := include "embedstream.kafkaPrefix" . }}
+{{- $collection := regexReplaceAll "_v[1-9][0-9]*$" (.Values.qdrant.collection | default "docs") "" }}
+topics:
+{{- range $key, $topic := .Values.kafka.topics }}
+  {{ $key }}: {{ printf "%s%s" (ternary "" $p (eq $key "claims")) $topic | quote }}
+{{- end }}
+groups:
+{{- range $key, $group := .Values.kafka.groups }}
+  {{ $key }}: {{ printf "%s%s" $p $group | quote }}
+{{- end }}
+gatewayReplies: {{ printf "%s%s" $p .Values.gateway.replyTopic | quote }}
+deployment: {{ trimSuffix "." $p | default (include "embedstream.fullname" .) | quote }}
+collectionSearch: {{ printf "%s%s.%s" $p .Values.kafka.topics.search $collection | quote }}
+collectionQueries: {{ printf "%s%s.%s" $p .Values.kafka.topics.queries $collection | quote }}
+collectionGroup: {{ printf "%s%s.%s" $p .Values.kafka.groups.search $collection | quote }}
+{{- end }}
+
 {{/* Environment ---------------------------------------------------------------------------------- */}}
 
 {{/* Kafka and Qdrant settings shared by every workload: (dict "root" $ "topics" <topic names that differ>). */}}
 {{- define "embedstream.connectionEnv" -}}
-{{- $topics := merge (dict) (.topics | default dict) .root.Values.kafka.topics }}
+{{- $names := include "embedstream.kafkaNames" .root | fromYaml }}
+{{- $topics := merge (dict) (.topics | default dict) $names.topics }}
 {{- $root := .root }}
 {{- with .root }}
 {{- $k := .Values.kafka }}
@@ -112,10 +144,12 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 - name: EMBEDSTREAM_KAFKA__TOPIC_{{ upper $key }}
   value: {{ $topic | quote }}
 {{- end }}
-{{- range $key, $group := $k.groups }}
+{{- range $key, $group := $names.groups }}
 - name: EMBEDSTREAM_KAFKA__GROUP_{{ upper $key }}
   value: {{ $group | quote }}
 {{- end }}
+- name: EMBEDSTREAM_KAFKA__DEPLOYMENT
+  value: {{ $names.deployment | quote }}
 {{- with $k.sessionTimeoutMs }}
 - name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
   value: {{ . | toString | quote }}
@@ -165,7 +199,7 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- end }}
 {{- $own := merge (dict) (.w.env | default dict) $root.Values.env }}
 {{- range $name, $value := $own }}
-{{- if or (hasPrefix "EMBEDSTREAM_KAFKA__TOPIC_" $name) (hasPrefix "EMBEDSTREAM_KAFKA__GROUP_" $name) (has $name (list "EMBEDSTREAM_KAFKA__BOOTSTRAP_SERVERS" "EMBEDSTREAM_QDRANT__URL" "EMBEDSTREAM_QDRANT__API_KEY" "EMBEDSTREAM_KAFKA__SASL_PASSWORD")) }}
+{{- if or (hasPrefix "EMBEDSTREAM_KAFKA__TOPIC_" $name) (hasPrefix "EMBEDSTREAM_KAFKA__GROUP_" $name) (has $name (list "EMBEDSTREAM_KAFKA__BOOTSTRAP_SERVERS" "EMBEDSTREAM_KAFKA__DEPLOYMENT" "EMBEDSTREAM_QDRANT__URL" "EMBEDSTREAM_QDRANT__API_KEY" "EMBEDSTREAM_KAFKA__SASL_PASSWORD")) }}
 {{- fail (printf "env %s: set it through the chart's kafka/qdrant values (the KEDA triggers and Secrets use them too)" $name) }}
 {{- end }}
 {{- if or (and $.w.threads (eq $name "EMBEDSTREAM_ENGINE__THREADS")) (and $.w.precision (eq $name "EMBEDSTREAM_ENGINE__PRECISION")) (eq $name "EMBEDSTREAM_WORKER__HEALTH_HOST" "EMBEDSTREAM_KAFKA__GROUP_INSTANCE_ID" "EMBEDSTREAM_DEFAULT_MODEL" "EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL") }}

@@ -3,10 +3,13 @@ A lane: one consumer group's workers as a StatefulSet (stable pod names = static
 governing headless Service, a PodDisruptionBudget and a KEDA ScaledObject on the group's lag.
 
   (dict "root" $ "component" "embed-online" "w" .Values.embedOnline "args" (list ...)
-        "group" <consumer group> "topics" (dict <key> <topic> ...))
+        "group" <consumer group> "topics" (dict <key> <topic> ...)
+        ["groups" (dict <key> <another group>)] ["offered" true])
 
-Each topic of the group is one kafka trigger with the lane's autoscaling.lagThreshold.<key>: KEDA scales
-to the largest count any of them asks for.
+Each topic is one kafka trigger with the lane's autoscaling.lagThreshold.<key>, on the lane's group (or
+groups.<key>: the collection's search group reads the collection's search topic); "offered": a prometheus
+trigger on the queries offered per worker (answered + shed), when keda.prometheus.serverAddress is set.
+KEDA scales to the largest count any of them asks for.
 */}}
 {{- define "embedstream.lane" -}}
 {{- $root := .root }}
@@ -112,7 +115,7 @@ spec:
       name: {{ $key | replace "_" "-" }}
       metadata:
         bootstrapServers: {{ $k.bootstrapServers | quote }}
-        consumerGroup: {{ $.group | quote }}
+        consumerGroup: {{ get ($.groups | default dict) $key | default $.group | quote }}
         topic: {{ $topic | quote }}
         lagThreshold: {{ $threshold | int64 | toString | quote }}
         activationLagThreshold: {{ $a.activationLagThreshold | default 0 | int64 | toString | quote }}
@@ -128,6 +131,21 @@ spec:
       authenticationRef:
         name: {{ include "embedstream.fullname" $root }}-kafka
       {{- end }}
+    {{- end }}
+    {{- $prom := $k8s.prometheus }}
+    {{- if and .offered $prom.serverAddress }}
+    {{- if not $a.offeredQueriesPerS }}{{ fail (printf "%s: autoscaling.offeredQueriesPerS is required with keda.prometheus.serverAddress (queries/s per worker)" $name) }}{{ end }}
+    {{- $sel := $prom.selector | default (printf "namespace=%q,pod=~%q" $root.Release.Namespace (printf "%s-[0-9]+" $name)) }}
+    {{- $window := $prom.window }}
+    # Queries offered (answered + shed: a shed query is committed and never shows as lag) per worker.
+    - type: prometheus
+      name: offered-queries
+      metricType: AverageValue
+      metadata:
+        serverAddress: {{ $prom.serverAddress | quote }}
+        query: {{ printf "(sum(rate(embedstream_texts_total{lane=\"online\",kind=\"query\",%s}[%s])) or vector(0)) + (sum(rate(embedstream_shed_total{lane=\"online\",%s}[%s])) or vector(0))" $sel $window $sel $window | quote }}
+        threshold: {{ $a.offeredQueriesPerS | toString | quote }}
+        activationThreshold: {{ $prom.activationThreshold | default 0 | toString | quote }}
     {{- end }}
 {{- end }}
 {{- end }}
