@@ -81,6 +81,11 @@ def pytest_runtest_logfinish(nodeid):
 
 
 def pytest_terminal_summary(terminalreporter):
+    stack = sys.modules.get("stack")  # tests/compose/stack.py, once the compose tests ran
+    if stack is not None and getattr(stack, "TIMINGS", None):
+        terminalreporter.write_sep("-", "compose stack: seconds per step")
+        for name, seconds in stack.TIMINGS.items():
+            terminalreporter.write_line(f"{name:55s} {seconds:8.1f}")
     dumps = run_rig.Evidence.current.hang_dumps()
     if dumps:
         terminalreporter.write_sep("-", "stack dumps of tests that ran long (py-spy dump --native)")

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import stack as st
+from compose_fixtures import compose_stack  # noqa: F401 - the session's stack (a fixture)
 
 pytestmark = [pytest.mark.usefixtures("compose_stack"), pytest.mark.timeout(1800)]
 

@@ -1,4 +1,5 @@
-"""The compose stack for tests/compose/: set up where it can be (the engine: `embedstream dev compose up`;
+"""The compose stack for tests/compose/ (its test modules import the fixture; a conftest.py here would take the name
+``conftest`` from tests/conftest.py, whose rigs every other folder imports): set up where it can be (the engine: `embedstream dev compose up`;
 the images: `embedstream dev images build`, warm from the caches: a code change rebuilds one small layer of
 the project image), started once per session with `docker compose up -d --wait`, and removed with its
 volumes at the end.
@@ -74,10 +75,3 @@ def compose_stack():
             from embedstream.devimages import engine
 
             engine.stop()
-
-
-def pytest_terminal_summary(terminalreporter):
-    if st.TIMINGS:
-        terminalreporter.write_sep("-", "compose stack: seconds per step")
-        for name, seconds in st.TIMINGS.items():
-            terminalreporter.write_line(f"{name:55s} {seconds:8.1f}")
