@@ -167,9 +167,11 @@ class QueryClient:
         timeout_s: float = 5.0,
         prompt: PromptKind | None = "query",
         sparse: bool = False,
+        topic: str | None = None,
     ) -> QueryReply:
-        """Embed one text on the online path (``sparse``: its sparse vector too, in ``reply.sparse``). A worker
-        error comes back in ``reply.error``, not raised."""
+        """Embed one text on the online path (``sparse``: its sparse vector too, in ``reply.sparse``; ``topic``:
+        another queries topic than the shared one, e.g. a collection's). A worker error comes back in
+        ``reply.error``, not raised."""
         sent = now_ms()
         request = QueryRequest(
             request_id=uuid.uuid4().hex,
@@ -183,7 +185,7 @@ class QueryClient:
             deadline_ms=sent + int(timeout_s * 1000),
             sent_at_ms=sent,
         )
-        return self.request(self.settings.topic_queries, request, QueryReply, timeout_s=timeout_s)
+        return self.request(topic or self.settings.topic_queries, request, QueryReply, timeout_s=timeout_s)
 
     def request(
         self,

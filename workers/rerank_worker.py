@@ -16,6 +16,7 @@ asking for a rerank while this group has members, with their collection named.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,14 +88,15 @@ class RerankWorker(WorkerLoop):
     name = "rerank worker"
 
     def __init__(self, settings: Settings, engine: Engine, options: RerankOptions | None = None,
-                 metrics: WorkerMetrics | None = None, searcher: Searcher | None = None, owns_store: bool = False):
+                 metrics: WorkerMetrics | None = None, searcher: Searcher | None = None,
+                 owned: tuple[Callable[[], None], ...] = ()):
         if engine.spec.kind != "rerank":
             raise ValueError(f"model {engine.spec.name!r} is a {engine.spec.kind} model; the rerank worker needs a cross-encoder")
         self.settings = settings
         self.engine = engine
         self.options = options or RerankOptions.from_settings(settings)
         self.searcher = searcher
-        self.owns_store = owns_store  # close the searcher's store with the worker (it was opened for it)
+        self.owned = owned  # closes what was opened for this worker (its store, its query client), at its end
         super().__init__(settings.kafka, self.options, metrics or WorkerMetrics(model=engine.spec.name),
                          self.options.worker_id)
         target = self.options.rerank_latency_target_ms or self.options.latency_target_ms
@@ -323,8 +325,8 @@ class RerankWorker(WorkerLoop):
                 "max_batch_tokens": self.engine.limits.max_batch_tokens}
 
     def close_resources(self) -> None:
-        if self.owns_store and self.searcher is not None:
-            self.searcher.store.close()
+        for close in self.owned:
+            close()
 
     def readiness_checks(self) -> dict:
         checks = super().readiness_checks()

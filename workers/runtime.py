@@ -60,17 +60,22 @@ def build_rerank_worker(settings: Settings, model: str, embed_model: str | None 
     """
     engine = engine or Engine.from_name(model, settings)
     searcher = None
+    owned: list = []  # what is opened here closes with the worker; a store given belongs to the caller
     if search:
-        store = store if store is not None else open_settings_store(settings)
+        if store is None:
+            store = open_settings_store(settings)
+            owned.append(store.close)
         if remote_embed:
             from embedstream.producers.query_client import QueryClient
             from embedstream.workers.search import kafka_embedder
 
-            embedder: Any = kafka_embedder(QueryClient(settings.kafka), embed_model)
+            client = QueryClient(settings.kafka)
+            owned.append(client.close)
+            embedder: Any = kafka_embedder(client, embed_model)
         else:
             embedder = Engine.from_name(embed_model or settings.default_model, settings)
         searcher = Searcher(store, embedder, engine, settings.qdrant.collection,
                             dense_scale=settings.sparse.dense_scale, exact=settings.qdrant.exact_search)
     options = options or RerankOptions.from_settings(settings)
     return RerankWorker(settings, engine, options, WorkerMetrics(model=engine.spec.name), searcher,
-                        owns_store=searcher is not None)
+                        owned=tuple(owned))

@@ -46,6 +46,7 @@ import numpy as np
 from embedstream.engine.engine import EmbedRequest, Engine, ScoreRequest, ScoreResult
 from embedstream.engine.errors import EngineError
 from embedstream.engine.sparse import SparseEncoder
+from embedstream.producers.search_routing import query_topic
 from embedstream.errors import CodedError
 from embedstream.ranking import (
     DENSE_LOGIT_SCALE,
@@ -102,9 +103,11 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
     """Query vectors from the embed workers through request-reply (``QueryClient``).
 
     The embed request inherits the search's deadline (``deadline_ms``): the embed worker sheds it
-    with ``deadline_exceeded`` rather than computing a vector the search can no longer use."""
+    with ``deadline_exceeded`` rather than computing a vector the search can no longer use. A search of
+    ``collection`` asks on that collection's queries topic (``search_routing.query_topic``), which only the
+    deployment writing it reads: its model embeds the query, once."""
 
-    def embed(text: str, deadline_ms: int | None = None, sparse: bool = False):
+    def embed(text: str, deadline_ms: int | None = None, sparse: bool = False, collection: str | None = None):
         """The query's dense vector; with ``sparse`` (hybrid) also its sparse vector, from the same worker pass."""
         timeout = timeout_s
         if deadline_ms is not None:
@@ -113,7 +116,8 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
                 raise SearchError("deadline_exceeded", "the search's deadline passed before its query was embedded")
             timeout = min(timeout_s, remaining_s)
         try:
-            reply = client.embed(text, model=model, timeout_s=timeout, prompt="query", sparse=sparse)
+            topic = query_topic(client.settings, collection) if collection else None
+            reply = client.embed(text, model=model, timeout_s=timeout, prompt="query", sparse=sparse, topic=topic)
         except TimeoutError as exc:
             raise SearchError("embed_timeout", str(exc)) from None
         if reply.error is not None:
@@ -126,7 +130,7 @@ def kafka_embedder(client, model: str | None = None, timeout_s: float = 5.0) -> 
         return vector, SparseVector.of(reply.sparse.indices, reply.sparse.values)
 
     embed.model = model  # type: ignore[attr-defined]
-    embed.takes_deadline = True  # type: ignore[attr-defined]
+    embed.takes_deadline = True  # type: ignore[attr-defined] - and the collection searched
     embed.gives_sparse = True  # type: ignore[attr-defined] - hybrid queries' sparse vectors from the embed workers
     return embed
 
@@ -259,9 +263,10 @@ class Searcher:
         sparse = None
         try:
             if remote_sparse:
-                vector, sparse = self.embedder(request.query, deadline_ms=request.deadline_ms, sparse=True)  # type: ignore[call-arg]
+                vector, sparse = self.embedder(request.query, deadline_ms=request.deadline_ms, sparse=True,  # type: ignore[call-arg]
+                                               collection=collection)
             else:
-                vector = (self.embedder(request.query, deadline_ms=request.deadline_ms)  # type: ignore[call-arg]
+                vector = (self.embedder(request.query, deadline_ms=request.deadline_ms, collection=collection)  # type: ignore[call-arg]
                           if getattr(self.embedder, "takes_deadline", False) else self.embedder(request.query))
             query = np.asarray(vector, dtype=np.float32)
         except EngineError as err:

@@ -25,7 +25,7 @@ import time
 from embedstream import logs
 from embedstream.config import Settings
 from embedstream.producers.query_client import QueryClient
-from embedstream.producers.search_routing import query_topic, search_group, search_topic, serves
+from embedstream.producers.search_routing import search_group, search_topic, serves
 from embedstream.schemas.codec import DecodeError, decode
 from embedstream.schemas.rerank import SearchRequest
 from embedstream.workers.claim import CollectionClaim, claim_store
@@ -78,8 +78,7 @@ class VectorSearchWorker(WorkerLoop):
         self.claim.check(record=True)  # one collection, one owner (workers/claim.py)
         super().__init__(settings.kafka, settings.worker, metrics, self.claim.member_id(new_worker_id("search")))
         self.collection = settings.qdrant.collection  # the collection this deployment writes: the one it searches
-        own = settings.kafka.model_copy(update={"topic_queries": query_topic(settings.kafka, self.collection)})
-        self.client = QueryClient(own)  # the query embeddings go to this deployment's online lane only
+        self.client = QueryClient(settings.kafka)  # kafka_embedder asks on the collection's queries topic: ours
         self.searcher = Searcher(store, kafka_embedder(self.client, model, embed_timeout_s), None, self.collection,
                                  dense_scale=settings.sparse.dense_scale, exact=settings.qdrant.exact_search)
         self.trust = TrustPolicy.from_settings(settings)

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import isolated_settings, memory_store, wait_for
+from conftest import isolated_settings, make_engine, memory_store, wait_for
 from kafka import KafkaProducer
 from worker_rig import Running, RunningWorker
 
@@ -27,6 +27,8 @@ from embedstream.schemas.codec import encode
 from embedstream.schemas.rerank import SearchReply, SearchRequest
 from embedstream.workers.claim import CollectionClaimed
 from embedstream.workers.metrics import WorkerMetrics
+from embedstream.workers.runtime import build_rerank_worker
+from embedstream.workers.trust import TrustSettings
 from embedstream.workers.vector_search import VectorSearchWorker
 
 pytestmark = pytest.mark.kafka
@@ -82,6 +84,47 @@ def test_a_search_is_embedded_once_by_the_owner_of_its_collection(kafka_bootstra
         embedded = {"a": _queries_embedded(a_worker) - before["a"], "b": _queries_embedded(b_worker) - before["b"]}
         assert embedded == {"a": 0, "b": searches}, embedded  # once per search, by docs_b's owner only
         for worker in (a_worker, b_worker, a_search, b_search):
+            assert worker.failure is None
+
+
+@pytest.mark.timeout(600)
+def test_a_rerank_workers_remote_query_embedding_goes_to_the_collections_owner_only(kafka_bootstrap, minilm_engine,
+                                                                                   tiny_ce_dir):
+    """``worker rerank --remote-embed``: the query embedding of a search of ``docs_b`` is computed by docs_b's owner
+    only. Before: it went to the shared queries topic, which both deployments' online lanes read (each embedded it)."""
+    base = isolated_settings(kafka_bootstrap, "remote")
+    a, b = _deployment(base, "a", "docs_a"), _deployment(base, "b", "docs_b")
+    for settings in (a, b):
+        ensure_topics(settings.kafka, partitions=2)
+    store = memory_store()
+    reranking = base.model_copy(update={"qdrant": QdrantSettings(collection="docs_b", versioned_collections=False),
+                                        "trust": TrustSettings(collections=["docs_a", "docs_b"])})
+    with RunningWorker(a, minilm_engine, store, lanes=("online",)) as a_worker, \
+            RunningWorker(b, minilm_engine, store, lanes=("online",)) as b_worker, \
+            QueryClient(base.kafka) as client:
+        rerank = build_rerank_worker(reranking, "tiny-ce", minilm_engine.spec.name, store=store, remote_embed=True,
+                                     engine=make_engine(tiny_ce_dir, name="tiny-ce", kind="rerank"))
+        with Running(rerank) as reranker:
+            producer = KafkaProducer(**base.kafka.client_kwargs(), acks="all")
+            for i, text in enumerate(("sorting a list in place", "reading a file line by line")):
+                producer.send(b.kafka.topic_chunks_online, key=f"b{i}".encode(),
+                              value=encode(ChunkEvent(doc_id=f"b{i}", chunk_id=0, text=text)))
+            producer.close()
+            wait_for(lambda: store.collection_exists("docs_b") and store.count("docs_b") == 2, 120, "docs_b indexed")
+            wait_for(lambda: rerank.lane.joined(), 60, "the rerank worker joined")
+            assert client.embed("warm up", timeout_s=60).error is None  # both online lanes up and reading
+            time.sleep(3)
+            before = {"a": _queries_embedded(a_worker), "b": _queries_embedded(b_worker)}
+            searches = 4
+            for i in range(searches):
+                reply = client.request(base.kafka.topic_search, SearchRequest(
+                    request_id=f"r{i}", query="how do I sort a list?", top_k=2, collection="docs_b",
+                    rerank=i % 2 == 0, reply_to=base.kafka.topic_replies), SearchReply, timeout_s=60)
+                assert reply.error is None and reply.hits[0].doc_id == "b0", reply
+            time.sleep(3)  # a second embedding of any of them would have been counted by now
+        embedded = {"a": _queries_embedded(a_worker) - before["a"], "b": _queries_embedded(b_worker) - before["b"]}
+        assert embedded == {"a": 0, "b": searches}, embedded
+        for worker in (a_worker, b_worker, reranker):
             assert worker.failure is None
 
 
