@@ -41,7 +41,7 @@ from embedstream.vectors import (
     sparse_of,
     stored_form,
 )
-from embedstream.vectorstore.base import AnySpec, CollectionConfigMismatch, Point, SparseSpec, VectorSpec, VectorStore
+from embedstream.vectorstore.base import AnySpec, AtLeast, CollectionConfigMismatch, Point, SparseSpec, VectorSpec, VectorStore
 from embedstream.workers.trust import content_hash
 
 __all__ = ["EmbeddedChunk", "QdrantSink", "Reuse", "ReusedChunk", "SinkConfig", "collection_vectors", "point_id"]
@@ -302,11 +302,8 @@ class QdrantSink:
         collection = self._collection(event.collection)
         if event.chunk_ids is not None:
             self.store.delete_points(collection, [point_id(event.doc_id, c) for c in event.chunk_ids])
-        elif event.from_chunk is not None:
-            stale = [p.id for p in self.store.scroll(collection, "doc_id", event.doc_id)
-                     if int(p.payload.get("chunk_id", -1)) >= event.from_chunk]
-            if stale:
-                self.store.delete_points(collection, stale)
+        elif event.from_chunk is not None:  # the tail, in one request: no scroll of the document's points
+            self.store.delete_where(collection, {"doc_id": event.doc_id, "chunk_id": AtLeast(event.from_chunk)})
         else:
-            self.store.delete_by_field(collection, "doc_id", event.doc_id)
+            self.store.delete_where(collection, {"doc_id": event.doc_id})
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from embedstream.vectors import canonical_json
 
-from .base import AnySpec, FilterValue, Point, SparseSpec, SparseVector, VectorSpec, normalize_id
+from .base import AnySpec, AtLeast, FilterValue, Point, SparseSpec, SparseVector, VectorSpec, normalize_id
 
 
 def prepare_vector(vname: str, vector: Any, spec: VectorSpec) -> np.ndarray:
@@ -110,7 +110,7 @@ def prepare_batch(
 
 
 def split_filter_value(field: str, value: FilterValue) -> tuple[str, Any]:
-    """Classify a filter value: ("any", list) / ("value", scalar) / ("range", float).
+    """Classify a filter value: ("any", list) / ("value", scalar) / ("range", float) / ("at_least", int).
 
     Qdrant matches exact values only for str/int/bool; a float is matched as
     the closed range [v, v].
@@ -126,6 +126,8 @@ def split_filter_value(field: str, value: FilterValue) -> tuple[str, Any]:
         ):
             return "any", vals
         raise ValueError(f"filter on {field!r}: list values must be all str or all int, got {vals!r}")
+    if isinstance(value, AtLeast):
+        return "at_least", value.value
     if isinstance(value, (str, bool, int)):
         return "value", value
     if isinstance(value, float):

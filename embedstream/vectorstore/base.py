@@ -28,8 +28,15 @@ DISTANCES: tuple[str, ...] = ("cosine", "dot", "euclid")
 DATATYPES: tuple[str, ...] = ("float32", "float16", "uint8")
 QUANTIZATIONS: tuple[str | None, ...] = (None, "scalar", "binary")
 
-#: A filter value: equality for a scalar, "any of" for a list.
-FilterValue = Union[str, int, float, bool, Sequence[Union[str, int]]]
+@dataclass(frozen=True)
+class AtLeast:
+    """A filter value matching numbers ``>= value`` (e.g. the chunks of a document from one on)."""
+
+    value: int
+
+
+#: A filter value: equality for a scalar, "any of" for a list, a range for :class:`AtLeast`.
+FilterValue = Union[str, int, float, bool, Sequence[Union[str, int]], AtLeast]
 VectorLike = Union[Sequence[float], np.ndarray, SparseVector]
 SPARSE_MODIFIERS: tuple[str | None, ...] = (None, "idf")
 
@@ -282,8 +289,9 @@ class VectorStore(ABC):
         """Delete points by id; unknown ids are ignored."""
 
     @abstractmethod
-    def delete_by_field(self, name: str, field: str, value: FilterValue) -> None:
-        """Delete every point whose payload ``field`` matches ``value`` (e.g. all chunks of a doc)."""
+    def delete_where(self, name: str, filter: Mapping[str, FilterValue]) -> None:
+        """Delete every point matching every condition of ``filter`` (all chunks of a doc: ``{"doc_id": d}``; its
+        tail: ``{"doc_id": d, "chunk_id": AtLeast(n)}``), in one request whatever the number of points."""
 
     @abstractmethod
     def count(self, name: str, exact: bool = True) -> int:

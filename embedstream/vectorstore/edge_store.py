@@ -141,6 +141,8 @@ def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] |
             must.append(qe.FieldCondition(field, match=qe.MatchAny(val)))
         elif kind == "value":
             must.append(qe.FieldCondition(field, match=qe.MatchValue(val)))
+        elif kind == "at_least":
+            must.append(qe.FieldCondition(field, range=qe.RangeFloat(gte=val)))
         else:
             must.append(qe.FieldCondition(field, range=qe.RangeFloat(gte=val, lte=val)))
     return qe.Filter(must=must) if must else None
@@ -443,9 +445,9 @@ class EdgeStore(VectorStore):
         with self._rw.read(), self._write_mutex:
             self._shard(col).update(op)
 
-    def delete_by_field(self, name: str, field: str, value: FilterValue) -> None:
+    def delete_where(self, name: str, filter: Mapping[str, FilterValue]) -> None:
         col = self.resolve(name)
-        op = qe.UpdateOperation.delete_points_by_filter(_build_filter({field: value}))
+        op = qe.UpdateOperation.delete_points_by_filter(_build_filter(filter))
         with self._rw.read(), self._write_mutex:
             self._shard(col).update(op)
 

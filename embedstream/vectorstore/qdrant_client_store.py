@@ -117,6 +117,8 @@ def _build_filter(filter: Mapping[str, FilterValue] | None, ids: Sequence[str] |
             must.append(models.FieldCondition(key=field, match=models.MatchAny(any=val)))
         elif kind == "value":
             must.append(models.FieldCondition(key=field, match=models.MatchValue(value=val)))
+        elif kind == "at_least":
+            must.append(models.FieldCondition(key=field, range=models.Range(gte=val)))
         else:
             must.append(models.FieldCondition(key=field, range=models.Range(gte=val, lte=val)))
     return models.Filter(must=must) if must else None
@@ -343,8 +345,8 @@ class QdrantClientStore(VectorStore):
         except Exception as exc:
             raise self._not_found(name, exc) from exc
 
-    def delete_by_field(self, name: str, field: str, value: FilterValue) -> None:
-        flt = _build_filter({field: value})
+    def delete_where(self, name: str, filter: Mapping[str, FilterValue]) -> None:
+        flt = _build_filter(filter)
         try:
             self.client.delete(collection_name=name, points_selector=models.FilterSelector(filter=flt), wait=True)
         except Exception as exc:

@@ -46,6 +46,19 @@ def test_deletes_remove_a_whole_document_or_listed_chunks(minilm_engine):
     assert sorted(p.payload["chunk_id"] for p in store.scroll("docs")) == [2, 3]
 
 
+@pytest.mark.parametrize("kind", ["memory", "edge"])
+def test_a_tail_delete_removes_the_chunks_from_there_on_of_that_document_only(minilm_engine, tmp_path, kind):
+    """A document that shrank from 6 chunks to 4 (the publisher's ``from_chunk``): its chunks 4 and 5 go, by one
+    filtered delete (no scroll of the document's points); another document's chunks 4 and 5 stay."""
+    store = open_store(":memory:", None, None) if kind == "memory" else open_store(None, None, tmp_path / "edge")
+    sink = QdrantSink(store, minilm_engine.spec, 384, "docs", SinkConfig())
+    sink.upsert(_chunks(6, 384, "a") + _chunks(6, 384, "b"))
+    sink.delete(DocumentDelete(doc_id="a", from_chunk=4))
+    left = sorted((p.payload["doc_id"], p.payload["chunk_id"]) for p in store.scroll("docs"))
+    assert left == [("a", i) for i in range(4)] + [("b", i) for i in range(6)]
+    store.close()
+
+
 def test_uint8_storage_and_matryoshka_named_vectors(tiny_bert_dir):
     engine = make_engine(tiny_bert_dir, matryoshka_dims=[16, 8])
     store = open_store(":memory:", None, None)

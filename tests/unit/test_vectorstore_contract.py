@@ -23,6 +23,7 @@ from embedstream.vectorstore import (
     VectorSpec,
     open_store,
 )
+from embedstream.vectorstore.base import AtLeast
 from embedstream.vectorstore.edge_store import EdgeStore, StoreLockedError
 from embedstream.vectorstore.qdrant_client_store import QdrantClientStore
 from embedstream.vectors import canonical_json
@@ -230,14 +231,23 @@ def test_scroll_by_field_returns_exactly_that_doc(readonly, data):
     assert [p.payload["chunk"] for p in sorted(got, key=lambda p: data["ids"].index(p.id))] == [0, 1, 2, 3, 4]
 
 
-def test_delete_by_field_removes_exactly_that_doc(filled, data):
-    filled.delete_by_field("docs", "doc_id", "doc-003")
+def test_delete_where_removes_exactly_that_doc(filled, data):
+    filled.delete_where("docs", {"doc_id": "doc-003"})
     remaining = {p.id for p in filled.scroll("docs")}
     expected = set(data["ids"]) - set(data["ids"][15:20])
     assert remaining == expected
     assert filled.count("docs") == N - 5
     assert filled.scroll("docs", field="doc_id", value="doc-003") == []
     assert len(filled.scroll("docs", field="doc_id", value="doc-004")) == 5
+
+
+def test_delete_where_at_least_removes_exactly_the_tail_of_that_doc(filled, data):
+    """A document that shrank from 5 chunks to 3: its chunks 3 and 4 go, in one request; its other chunks and the
+    other documents' chunks 3 and 4 stay."""
+    filled.delete_where("docs", {"doc_id": "doc-003", "chunk": AtLeast(3)})
+    assert sorted(p.payload["chunk"] for p in filled.scroll("docs", field="doc_id", value="doc-003")) == [0, 1, 2]
+    assert filled.count("docs") == N - 2
+    assert sorted(p.payload["chunk"] for p in filled.scroll("docs", field="doc_id", value="doc-004")) == [0, 1, 2, 3, 4]
 
 
 def test_delete_points_by_id(filled, data):
@@ -630,7 +640,7 @@ def test_edge_optimize_builds_index_and_keeps_results(tmp_path, data):
         after = store.search("docs", "full", q, top_k=10, filter={"lang": "en"})
         assert [(h.id, h.payload) for h in after] == [(h.id, h.payload) for h in before]
         assert store.count("docs") == N
-        store.delete_by_field("docs", "doc_id", "doc-015")  # still writable after optimize
+        store.delete_where("docs", {"doc_id": "doc-015"})  # still writable after optimize
         assert store.count("docs") == N - 5
     finally:
         store.close()
