@@ -263,9 +263,9 @@ class Lane:
 
     # -- offsets and ownership ------------------------------------------------------------------
     def commit(self, wait: bool = True, revoked: frozenset = frozenset()) -> None:
-        """Commit every finished contiguous run (``revoked``: of those partitions too, being handed over); dead
-        letters and replies are acknowledged first."""
-        self.outbox.settle(self.flush_timeout_s)
+        """Commit every finished contiguous run (``revoked``: of those partitions too, being handed over), a dead
+        letter's or reply's record once acknowledged: never waited for (``Outbox.settle``), except at close."""
+        self.outbox.settle()
         commit_finished(self.consumer, self.offsets, wait=wait, revoked=revoked, lane=self.name)
 
     def drop(self, partitions: set[tuple[str, int]]) -> None:
@@ -312,6 +312,7 @@ class Lane:
 
     def close(self) -> None:
         try:
+            self.outbox.settle(self.flush_timeout_s)
             self.commit()
         except Exception as exc:  # noqa: BLE001 - closing: report and carry on
             log.warning("final commit failed", lane=self.name, error=str(exc)[:300])
