@@ -1,9 +1,18 @@
-"""Request-reply over Kafka: send a request keyed by its request_id, wait for the reply that carries it.
+"""Request-reply over Kafka: send a request carrying its request_id, wait for the reply that carries it.
 
-Replies are read without a consumer group: the client assigns itself every partition of the reply
+Requests and replies are unkeyed: the request_id in the value correlates them, and each record goes to
+a partition whose leader acknowledges (``producers.live_partitions``), so a dead broker's partitions are
+left alone from half a second after its death. An idempotent request (an embedding, a rerank, a search:
+``RETRIED``) with no reply after ``retry_after_s`` is sent again, same request_id, then after twice that,
+and so on within its deadline; a send the broker never took is sent again at once. The first reply wins,
+later ones are dropped.
+
+Replies are read without a consumer group: the client assigns itself every partition of its reply
 topic and starts at the end, so it sees every reply produced after it started (no rebalance
-pauses, no committed offsets) and keeps the ones whose request_id it is waiting for. Any number of
-clients can share one reply topic.
+pauses, no committed offsets) and keeps the ones whose request_id it is waiting for. Clients that share
+a reply topic read each other's replies too; a client serving many requests (a gateway) takes a reply
+topic of its own (``own_reply_topic``: ``<replies topic>.<name>``, allowed by the workers' ``reply_to``
+rule, made at start and deleted at ``close``), so N gateways do not each read all N gateways' replies.
 
 The Kafka clients are librdkafka's (confluent-kafka): its I/O runs in native threads, off the GIL.
 A loopback request-reply through an echo served by kafka-python took 4.2 ms p50 / 5.3 ms p95 with
@@ -20,15 +29,17 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.kafka_auth import check_kafka_access
-from embedstream.producers.topics import DEFAULT_PARTITIONS, ensure_topics
+from embedstream.producers.live_partitions import LiveSender, live_producer
+from embedstream.producers.topics import DEFAULT_PARTITIONS, delete_topics, ensure_topics
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
+from embedstream.schemas.rerank import RerankRequest, SearchRequest
 
 log = logs.get("embedstream.query_client")
 
@@ -37,6 +48,11 @@ R = TypeVar("R", bound=BaseModel)
 _POLL_TIMEOUT_S = 0.1
 _DRAIN_BATCH = 500
 _EXPIRY_GRACE_S = 1.0
+RETRY_AFTER_S = 1.0  # no reply this long after a send: send an idempotent request again (then 2x, 4x...)
+_LAST_SEND_S = 0.05  # no retry this close to the deadline: its reply could not come in time
+# a new topic's partitions until their leaders are known (librdkafka does not flag these retriable here)
+_NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+RETRIED = (QueryRequest, RerankRequest, SearchRequest)  # idempotent: answering one twice changes nothing
 
 
 class _Envelope(BaseModel):
@@ -51,6 +67,12 @@ class _Pending:
     reply_model: type[BaseModel]
     future: Future[Any]
     expires_at: float  # monotonic; lets abandoned async requests be reaped
+    topic: str = ""
+    value: bytes = b""
+    deadline: float = 0.0  # monotonic: no reply can help after it
+    retry_at: float | None = None  # monotonic: when to send again (None: not retried)
+    gap_s: float = RETRY_AFTER_S  # the wait before the next retry (doubles)
+    sends: int = 1
 
 
 def _settle(future: Future[Any], exc: BaseException | None = None, result: Any = None) -> None:
@@ -83,21 +105,29 @@ class QueryClient:
         partitions: int = DEFAULT_PARTITIONS,
         start_timeout_s: float = 30.0,
         send_block_s: float = 10.0,
+        retry_after_s: float | None = RETRY_AFTER_S,
+        own_reply_topic: str | None = None,
     ):
+        """``retry_after_s``: when an idempotent request with no reply is sent again (None: never).
+        ``own_reply_topic``: read replies on ``<reply topic>.<own_reply_topic>``, this client's alone (made
+        here, deleted at ``close``) instead of a topic other clients read too."""
         self.settings = settings
         self.reply_topic = reply_topic or settings.topic_replies
+        self.owns_reply_topic = bool(own_reply_topic)
+        if own_reply_topic:
+            self.reply_topic = f"{self.reply_topic}.{own_reply_topic}"
+        self.retry_after_s = retry_after_s
+        self.retries = 0  # requests sent again (no reply in time, or a send the broker never took)
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._failure: BaseException | None = None
         check_kafka_access(settings, timeout_s=start_timeout_s)  # no broker: KafkaAccessError now, not a 30 s bootstrap
         self._consumer = self._start_consumer(create_reply_topic, partitions, start_timeout_s)
-        try:
-            self._producer = Producer(settings.producer_config(  # acks=all: a request acked survives a broker's loss
-                **{"client.id": "embedstream-query-client",
-                   "linger.ms": 0,
-                   # a request the broker has not taken within this (missing topic, broker away) fails
-                   "message.timeout.ms": int(send_block_s * 1000)}))
+        try:  # acks=1: a request lost with its leader is sent again (``live_partitions``); a request the broker
+            # has not taken within send_block_s (missing topic, broker away) fails, or is sent again
+            self._producer = live_producer(settings, "embedstream-query-client", send_block_s)
+            self._sender = LiveSender(self._producer, refresh_inline=False)
         except BaseException:
             self._consumer.close()
             raise
@@ -135,7 +165,8 @@ class QueryClient:
                                                                     timeout=min(5.0, left))
                         break
                     except KafkaException as exc:
-                        if not (exc.args and exc.args[0].retriable()) or time.monotonic() >= deadline:
+                        error = exc.args[0] if exc.args else None
+                        if not (error and (error.retriable() or error.code() in _NOT_READY)) or time.monotonic() >= deadline:
                             raise RuntimeError(f"could not resolve the end offset of {self.reply_topic}[{partition}] "
                                                f"within {timeout_s:g} s: {exc}") from None
                         # ask the broker for the topic's leaders again: the client's cached metadata may still be
@@ -215,8 +246,11 @@ class QueryClient:
         reply_model: type[R],
         request_id: str | None = None,
         timeout_s: float = 5.0,
+        retry: bool | None = None,
     ) -> Future[R]:
-        """Asynchronous :meth:`request`: a Future of the reply (fails with TimeoutError if none comes)."""
+        """Asynchronous :meth:`request`: a Future of the reply (fails with TimeoutError if none comes).
+
+        ``retry``: send again when no reply came (module docstring); None: for the idempotent ``RETRIED`` types."""
         request_id = request_id or getattr(payload, "request_id", None)
         if not request_id:
             raise ValueError("request_id is required (pass it, or use a payload with a request_id field)")
@@ -228,18 +262,18 @@ class QueryClient:
         if getattr(payload, "deadline_ms", 0) is None:  # every request carries a deadline: the wait it gets
             payload = payload.model_copy(update={"deadline_ms": now_ms() + int(timeout_s * 1000)})
         future: Future[R] = Future()
+        now = time.monotonic()
+        retried = (isinstance(payload, RETRIED) if retry is None else retry) and self.retry_after_s is not None
+        pending = _Pending(reply_model, future, now + timeout_s + _EXPIRY_GRACE_S, topic, encode(payload),
+                           now + timeout_s, now + self.retry_after_s if retried else None, self.retry_after_s or 0.0)
         with self._lock:
             if self._closed.is_set() or self._failure is not None:
                 raise ClientClosedError(self._closed_reason())
             if request_id in self._pending:
                 raise ValueError(f"request {request_id} is already in flight")
-            self._pending[request_id] = _Pending(reply_model, future, time.monotonic() + timeout_s + _EXPIRY_GRACE_S)
-        def delivered(error, _message) -> None:  # runs on the reply reader (it polls the producer)
-            if error is not None:
-                self._on_send_failure(request_id, topic, error.str())
-
+            self._pending[request_id] = pending
         try:
-            self._producer.produce(topic, key=request_id.encode("utf-8"), value=encode(payload), on_delivery=delivered)
+            self._send(request_id, pending)
         except BaseException as exc:
             self._forget(request_id)
             if isinstance(exc, KafkaException):
@@ -247,10 +281,42 @@ class QueryClient:
             raise
         return future
 
-    def _on_send_failure(self, request_id: str, topic: str, reason: str) -> None:
-        pending = self._forget(request_id)
-        if pending is not None:
-            _settle(pending.future, RuntimeError(f"sending request {request_id} to {topic!r} failed: {reason}"))
+    def _send(self, request_id: str, pending: _Pending) -> None:
+        def delivered(error, _message) -> None:  # runs on the reply reader (it polls the producer)
+            if error is not None:
+                self._on_send_failure(request_id, pending, error.str())
+
+        self._sender.send(pending.topic, pending.value, delivered)
+
+    def _on_send_failure(self, request_id: str, pending: _Pending, reason: str) -> None:
+        """A send the broker never took: sent again at once while a retry could still be answered, else failed."""
+        with self._lock:
+            if self._pending.get(request_id) is not pending:
+                return  # answered (by another send), or given up
+            if pending.retry_at is not None and time.monotonic() < pending.deadline - _LAST_SEND_S:
+                pending.retry_at = time.monotonic()  # the reader sends it again now
+                return
+            self._pending.pop(request_id, None)
+        _settle(pending.future, RuntimeError(f"sending request {request_id} to {pending.topic!r} failed: {reason}"))
+
+    def _retry_due(self) -> None:
+        """Send again the requests whose reply is overdue, within their deadline (on the reply reader)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [(rid, p) for rid, p in self._pending.items() if p.retry_at is not None and p.retry_at <= now]
+            for _rid, p in due:
+                if now >= p.deadline - _LAST_SEND_S:
+                    p.retry_at = None
+                else:
+                    p.retry_at, p.gap_s, p.sends = now + p.gap_s * 2, p.gap_s * 2, p.sends + 1
+        for rid, p in due:
+            if p.retry_at is None:
+                continue
+            try:
+                self._send(rid, p)
+                self.retries += 1
+            except (BufferError, KafkaException) as exc:  # tried again at the next turn
+                log.debug("sending request %s again failed: %s", rid, exc)
 
     def _forget(self, request_id: str) -> _Pending | None:
         with self._lock:
@@ -271,6 +337,7 @@ class QueryClient:
         (up to ``send_block_s``), which an asyncio caller sending on its event loop must never do."""
         for topic in topics:
             self._producer.list_topics(topic, timeout=10.0)
+            self._sender.pick(topic)  # its partition count, learned now
 
     def healthy(self) -> bool:
         """Open, and its reply reader still running (a dead reader fails every request)."""
@@ -290,8 +357,10 @@ class QueryClient:
                         elif message.error().fatal():
                             raise KafkaException(message.error())
                 self._producer.poll(0)  # delivery reports: a failed send fails its request now
+                self._retry_due()
                 if time.monotonic() >= next_sweep:
                     self._expire()
+                    self._sender.refresh()
                     next_sweep = time.monotonic() + _EXPIRY_GRACE_S
         except BaseException as exc:  # noqa: BLE001 - a dead reader must fail waiters, not hang them
             if not self._closed.is_set():
@@ -351,6 +420,8 @@ class QueryClient:
             self._producer.flush(timeout_s)
         finally:
             self._consumer.close()
+            if self.owns_reply_topic:
+                delete_topics(self.settings, [self.reply_topic], timeout_s)
 
     def __enter__(self) -> QueryClient:
         return self

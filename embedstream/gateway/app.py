@@ -9,6 +9,9 @@ no worker, and 503 for the rest.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import socket
 import time
 from typing import Awaitable, Callable
 
@@ -46,6 +49,11 @@ def _by_method(handlers: dict[str, Callable[[Request], Awaitable[Response]]]) ->
     return dispatch
 
 
+def own_name(pid: int | None = None) -> str:
+    """A gateway's name in its own reply topic: host (a pod's name) and process id (this one's), as topic names allow."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{socket.gethostname()}-{pid or os.getpid()}")[:120]
+
+
 def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, LagMonitor]:
     """The Kafka side: request topics present, one reply reader, the lag probes (blocking; run off the loop)."""
     from embedstream.producers.topics import ensure_topics
@@ -55,7 +63,8 @@ def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, La
     k = settings.kafka
     topics = [k.topic_queries, k.topic_rerank, search_topic(k, settings.qdrant.collection)]
     ensure_topics(k, topics=topics)
-    client = QueryClient(k.model_copy(update={"fetch_max_wait_ms": options.reply_fetch_wait_ms}), options.reply_topic)
+    client = QueryClient(k.model_copy(update={"fetch_max_wait_ms": options.reply_fetch_wait_ms}), options.reply_topic,
+                         own_reply_topic=own_name() if options.own_reply_topic else None)
     try:
         client.prepare(topics)
     except BaseException:
