@@ -3,9 +3,9 @@
 Requests and replies are unkeyed: the request_id in the value correlates them, and each record goes to
 a partition whose leader acknowledges (``producers.live_partitions``), so a dead broker's partitions are
 left alone from half a second after its death. An idempotent request (an embedding, a rerank, a search:
-``RETRIED``) with no reply after ``retry_after_s`` is sent again, same request_id, then after twice that,
-and so on within its deadline; a send the broker never took is sent again at once. The first reply wins,
-later ones are dropped.
+``RETRIED``) whose send is not acknowledged within half a second, or with no reply in a while, is sent again,
+same request_id, within its deadline and a retry budget (``retry_policy``); a send the broker refused is sent
+again at once. The first reply wins, later ones are dropped.
 
 Replies are read without a consumer group: the client assigns itself every partition of its reply
 topic and starts at the end, so it sees every reply produced after it started (no rebalance
@@ -36,6 +36,7 @@ from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.kafka_auth import check_kafka_access
 from embedstream.producers.live_partitions import LiveSender, live_producer
+from embedstream.producers.retry_policy import RetryPolicy
 from embedstream.producers.topics import DEFAULT_PARTITIONS, delete_topics, ensure_topics
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
@@ -48,7 +49,7 @@ R = TypeVar("R", bound=BaseModel)
 _POLL_TIMEOUT_S = 0.1
 _DRAIN_BATCH = 500
 _EXPIRY_GRACE_S = 1.0
-RETRY_AFTER_S = 1.0  # no reply this long after a send: send an idempotent request again (then 2x, 4x...)
+RETRY_AFTER_S = 1.0  # no reply this long (or twice the recent p95) after a send: send an idempotent request again
 _LAST_SEND_S = 0.05  # no retry this close to the deadline: its reply could not come in time
 # a new topic's partitions until their leaders are known (librdkafka does not flag these retriable here)
 _NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
@@ -70,9 +71,11 @@ class _Pending:
     topic: str = ""
     value: bytes = b""
     deadline: float = 0.0  # monotonic: no reply can help after it
-    retry_at: float | None = None  # monotonic: when to send again (None: not retried)
+    retry_at: float | None = None  # monotonic: when to send again for want of a reply (None: not retried)
     gap_s: float = RETRY_AFTER_S  # the wait before the next retry (doubles)
-    sends: int = 1
+    sent_at: float = 0.0  # monotonic: the first send (latency) ...
+    last_sent: float = 0.0  # ... and the latest
+    acked: bool = False  # the latest send acknowledged by its partition's leader
 
 
 def _settle(future: Future[Any], exc: BaseException | None = None, result: Any = None) -> None:
@@ -117,6 +120,7 @@ class QueryClient:
         if own_reply_topic:
             self.reply_topic = f"{self.reply_topic}.{own_reply_topic}"
         self.retry_after_s = retry_after_s
+        self.policy = RetryPolicy(retry_after_s or RETRY_AFTER_S)
         self.retries = 0  # requests sent again (no reply in time, or a send the broker never took)
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
@@ -264,8 +268,10 @@ class QueryClient:
         future: Future[R] = Future()
         now = time.monotonic()
         retried = (isinstance(payload, RETRIED) if retry is None else retry) and self.retry_after_s is not None
+        gap = self.policy.gap_s
         pending = _Pending(reply_model, future, now + timeout_s + _EXPIRY_GRACE_S, topic, encode(payload),
-                           now + timeout_s, now + self.retry_after_s if retried else None, self.retry_after_s or 0.0)
+                           now + timeout_s, now + gap if retried else None, gap, now, now)
+        self.policy.sent()
         with self._lock:
             if self._closed.is_set() or self._failure is not None:
                 raise ClientClosedError(self._closed_reason())
@@ -285,7 +291,11 @@ class QueryClient:
         def delivered(error, _message) -> None:  # runs on the reply reader (it polls the producer)
             if error is not None:
                 self._on_send_failure(request_id, pending, error.str())
+            elif sent == pending.last_sent:
+                pending.acked = True
 
+        pending.acked, pending.last_sent = False, time.monotonic()
+        sent = pending.last_sent
         self._sender.send(pending.topic, pending.value, delivered)
 
     def _on_send_failure(self, request_id: str, pending: _Pending, reason: str) -> None:
@@ -300,17 +310,19 @@ class QueryClient:
         _settle(pending.future, RuntimeError(f"sending request {request_id} to {pending.topic!r} failed: {reason}"))
 
     def _retry_due(self) -> None:
-        """Send again the requests whose reply is overdue, within their deadline (on the reply reader)."""
-        now = time.monotonic()
+        """Send again, within their deadline and the budget, the requests whose send is stuck (unacknowledged after
+        ``stuck_s``) or whose reply is overdue (on the reply reader)."""
+        now, stuck_s = time.monotonic(), self.policy.stuck_s
         with self._lock:
-            due = [(rid, p) for rid, p in self._pending.items() if p.retry_at is not None and p.retry_at <= now]
+            due = [(rid, p) for rid, p in self._pending.items() if p.retry_at is not None and
+                   (p.retry_at <= now or (not p.acked and now - p.last_sent >= stuck_s))]
             for _rid, p in due:
                 if now >= p.deadline - _LAST_SEND_S:
                     p.retry_at = None
-                else:
-                    p.retry_at, p.gap_s, p.sends = now + p.gap_s * 2, p.gap_s * 2, p.sends + 1
+                elif p.retry_at <= now:
+                    p.retry_at, p.gap_s = now + p.gap_s * 2, p.gap_s * 2
         for rid, p in due:
-            if p.retry_at is None:
+            if p.retry_at is None or not self.policy.take():
                 continue
             try:
                 self._send(rid, p)
@@ -361,6 +373,7 @@ class QueryClient:
                 if time.monotonic() >= next_sweep:
                     self._expire()
                     self._sender.refresh()
+                    self.policy.refresh()
                     next_sweep = time.monotonic() + _EXPIRY_GRACE_S
         except BaseException as exc:  # noqa: BLE001 - a dead reader must fail waiters, not hang them
             if not self._closed.is_set():
@@ -379,7 +392,8 @@ class QueryClient:
             return
         pending = self._forget(request_id)
         if pending is None:
-            return  # another client's reply, or one that arrived after its timeout
+            return  # another client's reply, a second reply (a request sent again), or one after its timeout
+        self.policy.answered(time.monotonic() - pending.sent_at)
         try:
             reply = decode(value, pending.reply_model)
         except DecodeError as exc:

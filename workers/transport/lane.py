@@ -263,8 +263,7 @@ class Lane:
 
     # -- offsets and ownership ------------------------------------------------------------------
     def commit(self, wait: bool = True, revoked: frozenset = frozenset()) -> None:
-        """Commit every finished contiguous run (``revoked``: of those partitions too, being handed over), a dead
-        letter's or reply's record once acknowledged: never waited for (``Outbox.settle``), except at close."""
+        """Commit finished contiguous runs (``revoked``: theirs too); a reply's record once acked, never awaited."""
         self.outbox.settle()
         commit_finished(self.consumer, self.offsets, wait=wait, revoked=revoked, lane=self.name)
 
