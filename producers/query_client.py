@@ -269,8 +269,10 @@ class QueryClient:
         now = time.monotonic()
         retried = (isinstance(payload, RETRIED) if retry is None else retry) and self.retry_after_s is not None
         gap = self.policy.gap_s
+        carried = getattr(payload, "deadline_ms", None)  # the workers shed a copy past it: none is sent after it
+        answerable_s = timeout_s if carried is None else min(timeout_s, (carried - now_ms()) / 1000)
         pending = _Pending(reply_model, future, now + timeout_s + _EXPIRY_GRACE_S, topic, encode(payload),
-                           now + timeout_s, now + gap if retried else None, gap, now, now)
+                           now + answerable_s, now + gap if retried else None, gap, now, now)
         self.policy.sent()
         with self._lock:
             if self._closed.is_set() or self._failure is not None:
