@@ -40,6 +40,22 @@ class FailoverRow:
     note: str = ""
 
 
+def run(port: int, data_dir: str | None, qps: float = 20.0, say=print, out: Path | None = None) -> list[FailoverRow]:
+    """Both paths on the 3-broker dev cluster at ``port`` (one answering there is used, else one is started)."""
+    import dataclasses
+    import tempfile
+
+    from embedstream import devkafka
+
+    with devkafka.borrowed(port=port, data_dir=data_dir, brokers=3) as info, \
+            tempfile.TemporaryDirectory(prefix="failover-bench-") as tmp:
+        rows = run_failover(info.bootstrap, port, data_dir, Path(tmp), port + 90, port + 95, qps, say)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([dataclasses.asdict(row) for row in rows], indent=2) + "\n")
+    return rows
+
+
 def run_failover(bootstrap: str, port: int, data_dir: str | None, root: Path, metrics_port: int, http_port: int,
                  qps: float, say=print) -> list[FailoverRow]:
     from embedstream.bench.fleet_bench import _env, _settings, _wait, _Worker
@@ -118,7 +134,8 @@ def _http_answers(url: str) -> bool:
         return False
 
 
-def print_rows(rows: list[FailoverRow], console) -> None:
+def print_rows(rows: list[FailoverRow]) -> None:
+    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"kill -9 of the leader of most query and reply partitions ({TIMEOUT_S:g} s deadline)")
@@ -129,4 +146,4 @@ def print_rows(rows: list[FailoverRow], console) -> None:
         table.add_row(row.path, str(row.node), str(row.queries), f"{row.answered_pct:.1f}", f"{row.in_time_pct:.1f}",
                       f"{row.gap_s:.1f}", "-" if row.p99_before_ms is None else f"{row.p99_before_ms:.0f}",
                       "never" if row.recovery_s is None else f"{row.recovery_s:.1f}", row.note)
-    console.print(table)
+    Console(width=max(Console().width, 120)).print(table)

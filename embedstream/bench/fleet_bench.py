@@ -66,7 +66,6 @@ class FleetResult:
     cpu: str
     rows: list[EventRow] = field(default_factory=list)
     totals: dict[str, dict] = field(default_factory=dict)
-    failover: list = field(default_factory=list)  # failover_bench.FailoverRow: a broker killed under queries
 
 
 class _Worker:
@@ -415,10 +414,7 @@ def _consuming(worker: _Worker, since: int) -> bool:
 
 
 def run(port: int, data_dir: str | None, protocols: list[str], rate: float, initial: int, query_rate: float,
-        clients: list[str] = ("librdkafka",), say=print, out: Path | None = None, failover: bool = True,
-        failover_qps: float = 20.0) -> FleetResult:
-    """The protocols' rows, then (``failover``) the broker failover rows (``failover_bench``)."""
-    from embedstream.bench.failover_bench import run_failover
+        clients: list[str] = ("librdkafka",), say=print, out: Path | None = None) -> FleetResult:
     from embedstream.bench.latency_bench import cpu_line
 
     result = FleetResult(cpu_line())
@@ -439,10 +435,6 @@ def run(port: int, data_dir: str | None, protocols: list[str], rate: float, init
             result.totals[rows[0].protocol] = totals
             if out is not None:  # after each run: a long bench that fails later keeps what it measured
                 _write(result, out)
-        if failover:
-            root = Path(tmp) / "failover"
-            root.mkdir()
-            result.failover = run_failover(info.bootstrap, port, data_dir, root, port + 90, port + 95, failover_qps, say)
     result.cpu = f"{result.cpu}; at the end: {cpu_line()}"
     if out is not None:
         _write(result, out)
@@ -469,12 +461,7 @@ def print_table(result: FleetResult) -> None:
                       "-" if row.query_p95_ms is None else f"{row.query_p95_ms:.0f}", str(row.lost),
                       str(row.re_embedded))
     console = Console(width=max(Console().width, 120))  # a table that wraps in a log is unreadable
-    if result.rows:
-        console.print(table)
-    if result.failover:
-        from embedstream.bench.failover_bench import print_rows
-
-        print_rows(result.failover, console)
+    console.print(table)
     for protocol, totals in result.totals.items():
         console.print(f"{protocol}: {totals}")
     console.print(result.cpu)

@@ -365,10 +365,18 @@ def bench_fleet(
 
     if failover not in ("on", "off", "only"):
         raise typer.BadParameter(f"failover must be on, off or only, got {failover!r}")
-    result = fleet_bench.run(port, data_dir, [] if failover == "only" else protocol, rate, backlog, qps, clients=client,
-                             out=Path(out) if out else None, failover=failover != "off",
-                             say=lambda line: typer.echo(line, err=True))
-    fleet_bench.print_table(result)
+    def say(line: str) -> None:
+        typer.echo(line, err=True)
+
+    if failover != "only":
+        result = fleet_bench.run(port, data_dir, protocol, rate, backlog, qps, clients=client,
+                                 out=Path(out) if out else None, say=say)
+        fleet_bench.print_table(result)
+    if failover != "off":
+        from embedstream.bench import failover_bench
+
+        rows = failover_bench.run(port, data_dir, say=say, out=Path(out).with_suffix(".failover.json") if out else None)
+        failover_bench.print_rows(rows)
 
 
 @app.command("lookup")
