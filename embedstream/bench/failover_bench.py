@@ -49,7 +49,7 @@ def run(port: int, data_dir: str | None, qps: float = 20.0, say=print, out: Path
 
     with devkafka.borrowed(port=port, data_dir=data_dir, brokers=3) as info, \
             tempfile.TemporaryDirectory(prefix="failover-bench-") as tmp:
-        rows = run_failover(info.bootstrap, port, data_dir, Path(tmp), port + 90, port + 95, qps, say)
+        rows = run_failover(info.bootstrap, port, str(info.data_dir), Path(tmp), port + 90, port + 95, qps, say)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps([dataclasses.asdict(row) for row in rows], indent=2) + "\n")
