@@ -131,7 +131,7 @@ class QueryClient:
         try:  # acks=1: a request lost with its leader is sent again (``live_partitions``); a request the broker
             # has not taken within send_block_s (missing topic, broker away) fails, or is sent again
             self._producer = live_producer(settings, "embedstream-query-client", send_block_s)
-            self._sender = LiveSender(self._producer, refresh_inline=False)
+            self._sender = LiveSender(self._producer, metadata_timeout_s=2.0, refresh_inline=False)  # the reader refreshes
         except BaseException:
             self._consumer.close()
             raise
