@@ -274,10 +274,11 @@ def timeline(outcomes: list[Outcome], start: float, end: float, step_s: float = 
 
 
 def recovery_s(outcomes: list[Outcome], fault_at: float, target_s: float, window_s: float = 2.0,
-               min_answered: float = 0.9) -> float | None:
+               min_answered: float = 0.9, hold_s: float | None = None) -> float | None:
     """Seconds after ``fault_at`` from which every ``window_s`` window of queries (by send time) has its answered
-    p99 under ``target_s`` and at least ``min_answered`` of its queries answered (a timeout counts as a miss);
-    None when the load ended before that."""
+    p99 under ``target_s`` and at least ``min_answered`` of its queries answered (a timeout counts as a miss), until
+    the load ended (``hold_s``: for that long; a loaded host's later hiccup is no part of the fault); None when the
+    load ended before that."""
     last = max((o.sent_at for o in outcomes), default=fault_at)
     starts = np.arange(fault_at, last - window_s + 1e-9, window_s)
     good = []
@@ -286,8 +287,10 @@ def recovery_s(outcomes: list[Outcome], fault_at: float, target_s: float, window
         answered = [o.latency_s for o in sent if o.kind == "answered"]
         ok = bool(sent) and len(answered) >= min_answered * len(sent) and np.percentile(answered, 99) <= target_s
         good.append(ok)
+    span = None if hold_s is None else max(1, int(round(hold_s / window_s)))
     for i in range(len(good)):
-        if all(good[i:]) and good[i:]:
+        held = good[i:] if span is None else good[i:i + span]
+        if held and all(held) and (span is None or len(held) == span):
             return float(starts[i] - fault_at)
     return None
 

@@ -28,12 +28,13 @@ from embedstream.schemas.codec import encode
 pytestmark = pytest.mark.usefixtures("healed")
 
 SETTLED = {"answered", "refused", "timeout", "send_failed"}  # a reply, or a clear error: never "pending" (vanished)
-# Queries: answered p99 back under twice its pre-kill value this soon after a kill -9 of the leader of most query and
-# reply partitions. Measured 4.0 s in every run, both paths (docs/fleet.md; recovery_s steps by 2 s windows): the dev
-# cluster fences a dead node after 2.5 s (devkafka FAILOVER), and until then no partition with it in sync moves its
-# high watermark. The previous code on the same cluster: 6.0 s (QueryClient) and 8.0 s (gateway); on Kafka's 9 s
-# fence 10-12 s, when this bound was 90 s.
-RECOVERY_BOUND_S = 5.0
+# Queries: answered p99 back under twice its pre-kill value, and staying there HOLD_S, this soon after a kill -9 of the
+# leader of most query and reply partitions. Measured 4.0 s, 6.0 s when the node was also the active controller
+# (docs/fleet.md; 2 s windows): the dev cluster fences a dead node after 2.5 s (devkafka FAILOVER), and until then no
+# partition with it in sync moves its high watermark. On Kafka's 9 s fence: 12-24 s (the previous code; this bound
+# was 90 s). Held HOLD_S, not to the load's end: a later hiccup of a loaded host made it 24 s once, no failover's doing.
+RECOVERY_BOUND_S = 8.0
+HOLD_S = 10.0
 ANSWERED_IN_TIME = 0.99  # of the queries, answered within their deadline (a reply, no error, under timeout_s)
 
 
@@ -146,7 +147,7 @@ def _assert_rode_out(outcomes: list, node: int, killed_at: float, what: str) -> 
     counts = kinds(outcomes)
     before = window_p(outcomes, killed_at - 10, killed_at, 99)
     target = max(2 * before, 0.25)
-    recovered = recovery_s(outcomes, killed_at, target)
+    recovered = recovery_s(outcomes, killed_at, target, hold_s=HOLD_S)
     in_time = answered_in_time(outcomes, TIMEOUT_S)
     print(f"\n{what}: {len(outcomes)} queries, node {node} killed after 10 s: {counts}, {in_time} answered within "
           f"{TIMEOUT_S:g} s; answered p99 {before * 1000:.0f} ms before, back under {target * 1000:.0f} ms {recovered} s "
