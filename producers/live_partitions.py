@@ -30,9 +30,9 @@ STUCK_S = 0.5  # a record unacknowledged this long marks its partition's leader 
 _METADATA_TTL_S = 60.0  # how long a topic's partition count is trusted (a grown topic is used within this)
 
 
-def live_producer(settings: KafkaSettings, client_id: str, message_timeout_s: float) -> Producer:
+def live_producer(settings: KafkaSettings, client_id: str, message_timeout_s: float, **extra) -> Producer:
     """A producer for requests and replies: the leader's acknowledgement only (see the module docstring)."""
-    return Producer(settings.librdkafka_config(**{
+    return Producer(settings.librdkafka_config(**extra, **{
         "client.id": client_id, "acks": 1, "enable.idempotence": False, "linger.ms": 0,
         # a reply topic deleted by its client (``QueryClient.close``) must not be made again by a broker that
         # creates topics on a metadata request: this producer's periodic one would

@@ -131,7 +131,7 @@ class QueryClient:
         try:  # acks=1: a request lost with its leader is sent again (``live_partitions``); a request the broker
             # has not taken within send_block_s (missing topic, broker away) fails, or is sent again
             self._producer = live_producer(settings, "embedstream-query-client", send_block_s)
-            self._sender = LiveSender(self._producer, metadata_timeout_s=2.0, refresh_inline=False)  # the reader refreshes
+            self._sender = LiveSender(self._producer, metadata_timeout_s=2.0, refresh_inline=False)  # reader refreshes
         except BaseException:
             self._consumer.close()
             raise
@@ -170,7 +170,8 @@ class QueryClient:
                         break
                     except KafkaException as exc:
                         error = exc.args[0] if exc.args else None
-                        if not (error and (error.retriable() or error.code() in _NOT_READY)) or time.monotonic() >= deadline:
+                        ready_later = error is not None and (error.retriable() or error.code() in _NOT_READY)
+                        if not ready_later or time.monotonic() >= deadline:
                             raise RuntimeError(f"could not resolve the end offset of {self.reply_topic}[{partition}] "
                                                f"within {timeout_s:g} s: {exc}") from None
                         # ask the broker for the topic's leaders again: the client's cached metadata may still be
@@ -360,7 +361,7 @@ class QueryClient:
     # ------------------------------------------------------------------ reply reader
 
     def _read_replies(self) -> None:
-        next_sweep = time.monotonic() + _EXPIRY_GRACE_S
+        next_sweep, next_retry_check = time.monotonic() + _EXPIRY_GRACE_S, 0.0
         try:
             while not self._closed.is_set():
                 first = self._consumer.poll(_POLL_TIMEOUT_S)
@@ -371,7 +372,9 @@ class QueryClient:
                         elif message.error().fatal():
                             raise KafkaException(message.error())
                 self._producer.poll(0)  # delivery reports: a failed send fails its request now
-                self._retry_due()
+                if time.monotonic() >= next_retry_check:  # a scan of every pending request: 20 a second at most
+                    self._retry_due()
+                    next_retry_check = time.monotonic() + 0.05
                 if time.monotonic() >= next_sweep:
                     self._expire()
                     self._sender.refresh()

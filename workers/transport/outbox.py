@@ -52,7 +52,8 @@ class Outbox:
         self.worker_id = worker_id
         self.metrics = metrics
         self.producer = new_producer(kafka)  # dead letters: acks=all, idempotent
-        self.live = LiveSender(live_producer(kafka, "embedstream-worker-replies", 120.0))  # replies, requests handed on
+        self.live = LiveSender(live_producer(kafka, "embedstream-worker-replies", 120.0,  # replies, requests handed on
+                                             **{"message.max.bytes": MAX_REQUEST_BYTES}))
         # JSON escaping or base64 can grow a value by a third; keep the letter under the request limit
         self.max_raw_bytes = max(1024, (MAX_REQUEST_BYTES - _ENVELOPE_MARGIN_BYTES) * 3 // 4)
         self._undelivered: list[tuple[object, ErrorInfo, list, str]] = []

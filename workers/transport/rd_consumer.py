@@ -197,7 +197,7 @@ class RdConsumer:
         self._consumer.commit(offsets=self._rd_offsets(offsets), asynchronous=True)
 
     def _on_commit(self, error, partitions) -> None:
-        """A commit's result (served inside ``poll``): a refused offset, still the latest asked, is kept for the next."""
+        """A commit's result (served inside ``poll``): a refused offset, still the latest asked, is asked again."""
         refused = [p for p in partitions if error is not None or p.error is not None]
         for p in refused:
             if self._asked.get((p.topic, p.partition)) == p.offset:
