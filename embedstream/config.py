@@ -349,7 +349,8 @@ class WorkerSettings(BaseModel):
                                         "commits at once)"
     )
     flush_timeout_s: float = Field(
-        default=30.0, gt=0, description="Longest wait for dead letters and replies to be acknowledged before a commit"
+        default=30.0, gt=0, description="Longest wait for dead letters and replies to be acknowledged when a worker "
+                                        "stops (a running worker never waits: it commits what was acknowledged)"
     )
     sink_backoff_s: tuple[float, float] = Field(
         default=(0.2, 10.0), description="First and longest pause between retries of a failed sink write or publish"

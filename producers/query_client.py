@@ -1,9 +1,18 @@
-"""Request-reply over Kafka: send a request keyed by its request_id, wait for the reply that carries it.
+"""Request-reply over Kafka: send a request carrying its request_id, wait for the reply that carries it.
 
-Replies are read without a consumer group: the client assigns itself every partition of the reply
+Requests and replies are unkeyed: the request_id in the value correlates them, and each record goes to
+a partition whose leader acknowledges (``producers.live_partitions``), so a dead broker's partitions are
+left alone from half a second after its death. An idempotent request (an embedding, a rerank, a search:
+``RETRIED``) whose send is not acknowledged within half a second, or with no reply in a while, is sent again,
+same request_id, within its deadline and a retry budget (``retry_policy``); a send the broker refused is sent
+again at once. The first reply wins, later ones are dropped.
+
+Replies are read without a consumer group: the client assigns itself every partition of its reply
 topic and starts at the end, so it sees every reply produced after it started (no rebalance
-pauses, no committed offsets) and keeps the ones whose request_id it is waiting for. Any number of
-clients can share one reply topic.
+pauses, no committed offsets) and keeps the ones whose request_id it is waiting for. Clients that share
+a reply topic read each other's replies too; a client serving many requests (a gateway) takes a reply
+topic of its own (``own_reply_topic``: ``<replies topic>.<name>``, allowed by the workers' ``reply_to``
+rule, made at start and deleted at ``close``), so N gateways do not each read all N gateways' replies.
 
 The Kafka clients are librdkafka's (confluent-kafka): its I/O runs in native threads, off the GIL.
 A loopback request-reply through an echo served by kafka-python took 4.2 ms p50 / 5.3 ms p95 with
@@ -20,15 +29,18 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
 from embedstream.kafka_auth import check_kafka_access
-from embedstream.producers.topics import DEFAULT_PARTITIONS, ensure_topics
+from embedstream.producers.live_partitions import LiveSender, live_producer
+from embedstream.producers.retry_policy import RetryPolicy
+from embedstream.producers.topics import DEFAULT_PARTITIONS, delete_topics, ensure_topics
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms
+from embedstream.schemas.rerank import RerankRequest, SearchRequest
 
 log = logs.get("embedstream.query_client")
 
@@ -37,6 +49,11 @@ R = TypeVar("R", bound=BaseModel)
 _POLL_TIMEOUT_S = 0.1
 _DRAIN_BATCH = 500
 _EXPIRY_GRACE_S = 1.0
+RETRY_AFTER_S = 1.0  # no reply this long (or twice the recent p95) after a send: send an idempotent request again
+_LAST_SEND_S = 0.05  # no retry this close to the deadline: its reply could not come in time
+# a new topic's partitions until their leaders are known (librdkafka does not flag these retriable here)
+_NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+RETRIED = (QueryRequest, RerankRequest, SearchRequest)  # idempotent: answering one twice changes nothing
 
 
 class _Envelope(BaseModel):
@@ -51,6 +68,14 @@ class _Pending:
     reply_model: type[BaseModel]
     future: Future[Any]
     expires_at: float  # monotonic; lets abandoned async requests be reaped
+    topic: str = ""
+    value: bytes = b""
+    deadline: float = 0.0  # monotonic: no reply can help after it
+    retry_at: float | None = None  # monotonic: when to send again for want of a reply (None: not retried)
+    gap_s: float = RETRY_AFTER_S  # the wait before the next retry (doubles)
+    sent_at: float = 0.0  # monotonic: the first send (latency) ...
+    last_sent: float = 0.0  # ... and the latest
+    acked: bool = False  # the latest send acknowledged by its partition's leader
 
 
 def _settle(future: Future[Any], exc: BaseException | None = None, result: Any = None) -> None:
@@ -83,21 +108,30 @@ class QueryClient:
         partitions: int = DEFAULT_PARTITIONS,
         start_timeout_s: float = 30.0,
         send_block_s: float = 10.0,
+        retry_after_s: float | None = RETRY_AFTER_S,
+        own_reply_topic: str | None = None,
     ):
+        """``retry_after_s``: when an idempotent request with no reply is sent again (None: never).
+        ``own_reply_topic``: read replies on ``<reply topic>.<own_reply_topic>``, this client's alone (made
+        here, deleted at ``close``) instead of a topic other clients read too."""
         self.settings = settings
         self.reply_topic = reply_topic or settings.topic_replies
+        self.owns_reply_topic = bool(own_reply_topic)
+        if own_reply_topic:
+            self.reply_topic = f"{self.reply_topic}.{own_reply_topic}"
+        self.retry_after_s = retry_after_s
+        self.policy = RetryPolicy(retry_after_s or RETRY_AFTER_S)
+        self.retries = 0  # requests sent again (no reply in time, or a send the broker never took)
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._failure: BaseException | None = None
         check_kafka_access(settings, timeout_s=start_timeout_s)  # no broker: KafkaAccessError now, not a 30 s bootstrap
         self._consumer = self._start_consumer(create_reply_topic, partitions, start_timeout_s)
-        try:
-            self._producer = Producer(settings.producer_config(  # acks=all: a request acked survives a broker's loss
-                **{"client.id": "embedstream-query-client",
-                   "linger.ms": 0,
-                   # a request the broker has not taken within this (missing topic, broker away) fails
-                   "message.timeout.ms": int(send_block_s * 1000)}))
+        try:  # acks=1: a request lost with its leader is sent again (``live_partitions``); a request the broker
+            # has not taken within send_block_s (missing topic, broker away) fails, or is sent again
+            self._producer = live_producer(settings, "embedstream-query-client", send_block_s)
+            self._sender = LiveSender(self._producer, metadata_timeout_s=2.0, refresh_inline=False)  # reader refreshes
         except BaseException:
             self._consumer.close()
             raise
@@ -135,7 +169,9 @@ class QueryClient:
                                                                     timeout=min(5.0, left))
                         break
                     except KafkaException as exc:
-                        if not (exc.args and exc.args[0].retriable()) or time.monotonic() >= deadline:
+                        error = exc.args[0] if exc.args else None
+                        ready_later = error is not None and (error.retriable() or error.code() in _NOT_READY)
+                        if not ready_later or time.monotonic() >= deadline:
                             raise RuntimeError(f"could not resolve the end offset of {self.reply_topic}[{partition}] "
                                                f"within {timeout_s:g} s: {exc}") from None
                         # ask the broker for the topic's leaders again: the client's cached metadata may still be
@@ -217,8 +253,11 @@ class QueryClient:
         reply_model: type[R],
         request_id: str | None = None,
         timeout_s: float = 5.0,
+        retry: bool | None = None,
     ) -> Future[R]:
-        """Asynchronous :meth:`request`: a Future of the reply (fails with TimeoutError if none comes)."""
+        """Asynchronous :meth:`request`: a Future of the reply (fails with TimeoutError if none comes).
+
+        ``retry``: send again when no reply came (module docstring); None: for the idempotent ``RETRIED`` types."""
         request_id = request_id or getattr(payload, "request_id", None)
         if not request_id:
             raise ValueError("request_id is required (pass it, or use a payload with a request_id field)")
@@ -230,18 +269,22 @@ class QueryClient:
         if getattr(payload, "deadline_ms", 0) is None:  # every request carries a deadline: the wait it gets
             payload = payload.model_copy(update={"deadline_ms": now_ms() + int(timeout_s * 1000)})
         future: Future[R] = Future()
+        now = time.monotonic()
+        retried = (isinstance(payload, RETRIED) if retry is None else retry) and self.retry_after_s is not None
+        gap = self.policy.gap_s
+        carried = getattr(payload, "deadline_ms", None)  # the workers shed a copy past it: none is sent after it
+        answerable_s = timeout_s if carried is None else min(timeout_s, (carried - now_ms()) / 1000)
+        pending = _Pending(reply_model, future, now + timeout_s + _EXPIRY_GRACE_S, topic, encode(payload),
+                           now + answerable_s, now + gap if retried else None, gap, now, now)
+        self.policy.sent()
         with self._lock:
             if self._closed.is_set() or self._failure is not None:
                 raise ClientClosedError(self._closed_reason())
             if request_id in self._pending:
                 raise ValueError(f"request {request_id} is already in flight")
-            self._pending[request_id] = _Pending(reply_model, future, time.monotonic() + timeout_s + _EXPIRY_GRACE_S)
-        def delivered(error, _message) -> None:  # runs on the reply reader (it polls the producer)
-            if error is not None:
-                self._on_send_failure(request_id, topic, error.str())
-
+            self._pending[request_id] = pending
         try:
-            self._producer.produce(topic, key=request_id.encode("utf-8"), value=encode(payload), on_delivery=delivered)
+            self._send(request_id, pending)
         except BaseException as exc:
             self._forget(request_id)
             if isinstance(exc, KafkaException):
@@ -249,10 +292,48 @@ class QueryClient:
             raise
         return future
 
-    def _on_send_failure(self, request_id: str, topic: str, reason: str) -> None:
-        pending = self._forget(request_id)
-        if pending is not None:
-            _settle(pending.future, RuntimeError(f"sending request {request_id} to {topic!r} failed: {reason}"))
+    def _send(self, request_id: str, pending: _Pending) -> None:
+        def delivered(error, _message) -> None:  # runs on the reply reader (it polls the producer)
+            if error is not None:
+                self._on_send_failure(request_id, pending, error.str())
+            elif sent == pending.last_sent:
+                pending.acked = True
+
+        pending.acked, pending.last_sent = False, time.monotonic()
+        sent = pending.last_sent
+        self._sender.send(pending.topic, pending.value, delivered)
+
+    def _on_send_failure(self, request_id: str, pending: _Pending, reason: str) -> None:
+        """A send the broker never took: sent again at once while a retry could still be answered, else failed."""
+        with self._lock:
+            if self._pending.get(request_id) is not pending:
+                return  # answered (by another send), or given up
+            if pending.retry_at is not None and time.monotonic() < pending.deadline - _LAST_SEND_S:
+                pending.retry_at = time.monotonic()  # the reader sends it again now
+                return
+            self._pending.pop(request_id, None)
+        _settle(pending.future, RuntimeError(f"sending request {request_id} to {pending.topic!r} failed: {reason}"))
+
+    def _retry_due(self) -> None:
+        """Send again, within their deadline and the budget, the requests whose send is stuck (unacknowledged after
+        ``stuck_s``) or whose reply is overdue (on the reply reader)."""
+        now, stuck_s = time.monotonic(), self.policy.stuck_s
+        with self._lock:
+            due = [(rid, p) for rid, p in self._pending.items() if p.retry_at is not None and
+                   (p.retry_at <= now or (not p.acked and now - p.last_sent >= stuck_s))]
+            for _rid, p in due:
+                if now >= p.deadline - _LAST_SEND_S:
+                    p.retry_at = None
+                elif p.retry_at <= now:
+                    p.retry_at, p.gap_s = now + p.gap_s * 2, p.gap_s * 2
+        for rid, p in due:
+            if p.retry_at is None or not self.policy.take():
+                continue
+            try:
+                self._send(rid, p)
+                self.retries += 1
+            except (BufferError, KafkaException) as exc:  # tried again at the next turn
+                log.debug("sending request %s again failed: %s", rid, exc)
 
     def _forget(self, request_id: str) -> _Pending | None:
         with self._lock:
@@ -273,6 +354,7 @@ class QueryClient:
         (up to ``send_block_s``), which an asyncio caller sending on its event loop must never do."""
         for topic in topics:
             self._producer.list_topics(topic, timeout=10.0)
+            self._sender.pick(topic)  # its partition count, learned now
 
     def healthy(self) -> bool:
         """Open, and its reply reader still running (a dead reader fails every request)."""
@@ -281,7 +363,7 @@ class QueryClient:
     # ------------------------------------------------------------------ reply reader
 
     def _read_replies(self) -> None:
-        next_sweep = time.monotonic() + _EXPIRY_GRACE_S
+        next_sweep, next_retry_check = time.monotonic() + _EXPIRY_GRACE_S, 0.0
         try:
             while not self._closed.is_set():
                 first = self._consumer.poll(_POLL_TIMEOUT_S)
@@ -292,8 +374,13 @@ class QueryClient:
                         elif message.error().fatal():
                             raise KafkaException(message.error())
                 self._producer.poll(0)  # delivery reports: a failed send fails its request now
+                if time.monotonic() >= next_retry_check:  # a scan of every pending request: 20 a second at most
+                    self._retry_due()
+                    next_retry_check = time.monotonic() + 0.05
                 if time.monotonic() >= next_sweep:
                     self._expire()
+                    self._sender.refresh()
+                    self.policy.refresh()
                     next_sweep = time.monotonic() + _EXPIRY_GRACE_S
         except BaseException as exc:  # noqa: BLE001 - a dead reader must fail waiters, not hang them
             if not self._closed.is_set():
@@ -312,7 +399,8 @@ class QueryClient:
             return
         pending = self._forget(request_id)
         if pending is None:
-            return  # another client's reply, or one that arrived after its timeout
+            return  # another client's reply, a second reply (a request sent again), or one after its timeout
+        self.policy.answered(time.monotonic() - pending.sent_at)
         try:
             reply = decode(value, pending.reply_model)
         except DecodeError as exc:
@@ -353,6 +441,8 @@ class QueryClient:
             self._producer.flush(timeout_s)
         finally:
             self._consumer.close()
+            if self.owns_reply_topic:
+                delete_topics(self.settings, [self.reply_topic], timeout_s)
 
     def __enter__(self) -> QueryClient:
         return self

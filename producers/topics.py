@@ -310,6 +310,17 @@ def _await_leaders(admin: _Admin, topic: str, deadline: float) -> None:
         time.sleep(0.05)
 
 
+def delete_topics(settings: KafkaSettings, topics: Iterable[str], timeout_s: float = 10.0) -> None:
+    """Delete ``topics`` (a client's own reply topic, at its close); a refusal or a timeout is logged, not raised."""
+    admin = _Admin(settings).client  # held until the answers are in (a collected client cancels them)
+    futures = admin.delete_topics(list(topics), operation_timeout=timeout_s, request_timeout=timeout_s)
+    for topic, future in futures.items():
+        try:
+            future.result(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - closing: say it, carry on (the topic is only left behind)
+            log.warning("could not delete the topic", topic=topic, error=str(exc)[:300])
+
+
 def replication_report(settings: KafkaSettings, topics: Iterable[str], timeout_s: float = 10.0) -> list[TopicReplication]:
     """Every existing topic of ``topics`` with its replication against the settings' (missing topics are left
     out: creating them is ``ensure_topics``'s). ``[t for t in report if t.below]`` are the ones that fall short."""

@@ -167,6 +167,75 @@ class QueryLoad:
         return list(self.outcomes)
 
 
+class HttpLoad:
+    """The same open-loop load through a gateway: ``POST /embed`` (TEI) at ``rate_per_s``, each request on a thread
+    of a pool with ``x-request-timeout``; answered (200), refused (a 504 ``deadline_exceeded`` or another status,
+    its code), timeout (no answer in ``timeout_s`` + 5 s) or error."""
+
+    def __init__(self, url: str, rate_per_s: float, timeout_s: float = 5.0, texts: list[str] | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.url, self.interval, self.timeout_s = url.rstrip("/"), 1.0 / rate_per_s, timeout_s
+        self.texts = texts or [f"how do I open file number {i} for reading" for i in range(50)]
+        self.outcomes: list[Outcome] = []
+        self._pool = ThreadPoolExecutor(max(8, int(rate_per_s * (timeout_s + 5))), thread_name_prefix="http-load")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet-http-load", daemon=True)
+
+    def start(self) -> HttpLoad:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        next_at, i = time.monotonic(), 0
+        while not self._stop.is_set():
+            outcome = Outcome(time.monotonic())
+            self.outcomes.append(outcome)
+            self._pool.submit(self._one, self.texts[i % len(self.texts)], outcome)
+            i += 1
+            next_at += self.interval
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def _one(self, text: str, outcome: Outcome) -> None:
+        import json
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.url}/embed", data=json.dumps({"inputs": text}).encode(), method="POST",
+                                         headers={"content-type": "application/json",
+                                                  "x-request-timeout": f"{self.timeout_s:g}"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s + 5) as answer:
+                answer.read()
+            outcome.kind, outcome.latency_s = "answered", time.monotonic() - outcome.sent_at
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace")
+            try:
+                found = json.loads(body)
+            except ValueError:
+                found = {}
+            code = (found.get("code") or found.get("error_type", "")) if isinstance(found, dict) else ""
+            outcome.kind, outcome.detail = "refused", f"{exc.code} {code or body[:60]}"
+        except TimeoutError as exc:
+            outcome.kind, outcome.detail = "timeout", str(exc)[:200]
+        except Exception as exc:  # noqa: BLE001 - a refused connection, a reset: a clear error
+            outcome.kind, outcome.detail = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        self._thread.join(30)
+        self._pool.shutdown(wait=True)
+        return list(self.outcomes)
+
+
+def reply_gap(outcomes: list[Outcome], start: float, end: float) -> float:
+    """The longest stretch within [start, end] in which no answer arrived (s): how long a fault froze replies."""
+    arrivals = sorted(o.sent_at + o.latency_s for o in outcomes
+                      if o.kind == "answered" and o.latency_s is not None and start <= o.sent_at + o.latency_s <= end)
+    edges = [start, *arrivals, end]
+    return max(b - a for a, b in zip(edges, edges[1:]))
+
+
 def kinds(outcomes: list[Outcome]) -> dict[str, int]:
     return dict(Counter(o.kind for o in outcomes))
 
@@ -179,6 +248,11 @@ def reasons(outcomes: list[Outcome]) -> dict[str, int]:
                         if o.kind != "answered"))
 
 
+def answered_in_time(outcomes: list[Outcome], timeout_s: float) -> int:
+    """Queries answered (a reply without error) within ``timeout_s`` of their send."""
+    return sum(1 for o in outcomes if o.kind == "answered" and o.latency_s is not None and o.latency_s <= timeout_s)
+
+
 def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -188,11 +262,23 @@ def window_p(outcomes: list[Outcome], start: float, end: float, q: float) -> flo
     return percentile([o.latency_s for o in outcomes if start <= o.sent_at < end and o.kind == "answered"], q)
 
 
+def timeline(outcomes: list[Outcome], start: float, end: float, step_s: float = 1.0) -> list[str]:
+    """Per ``step_s`` window of send times from ``start``: "t+<s>: <answered>/<sent> p99 <ms>" (what a fault did)."""
+    out = []
+    for at in np.arange(start, end, step_s):
+        sent = [o for o in outcomes if at <= o.sent_at < at + step_s]
+        answered = [o.latency_s for o in sent if o.kind == "answered"]
+        p99 = f"{np.percentile(answered, 99) * 1000:.0f}" if answered else "-"
+        out.append(f"t{at - start:+.0f}: {len(answered)}/{len(sent)} p99 {p99}")
+    return out
+
+
 def recovery_s(outcomes: list[Outcome], fault_at: float, target_s: float, window_s: float = 2.0,
-               min_answered: float = 0.9) -> float | None:
+               min_answered: float = 0.9, hold_s: float | None = None) -> float | None:
     """Seconds after ``fault_at`` from which every ``window_s`` window of queries (by send time) has its answered
-    p99 under ``target_s`` and at least ``min_answered`` of its queries answered (a timeout counts as a miss);
-    None when the load ended before that."""
+    p99 under ``target_s`` and at least ``min_answered`` of its queries answered (a timeout counts as a miss), until
+    the load ended (``hold_s``: for that long; a loaded host's later hiccup is no part of the fault); None when the
+    load ended before that."""
     last = max((o.sent_at for o in outcomes), default=fault_at)
     starts = np.arange(fault_at, last - window_s + 1e-9, window_s)
     good = []
@@ -201,8 +287,10 @@ def recovery_s(outcomes: list[Outcome], fault_at: float, target_s: float, window
         answered = [o.latency_s for o in sent if o.kind == "answered"]
         ok = bool(sent) and len(answered) >= min_answered * len(sent) and np.percentile(answered, 99) <= target_s
         good.append(ok)
+    span = None if hold_s is None else max(1, int(round(hold_s / window_s)))
     for i in range(len(good)):
-        if all(good[i:]) and good[i:]:
+        held = good[i:] if span is None else good[i:i + span]
+        if held and all(held) and (span is None or len(held) == span):
             return float(starts[i] - fault_at)
     return None
 

@@ -347,9 +347,12 @@ def bench_fleet(
     client: list[str] = typer.Option(["librdkafka"], help="Bulk lane client(s): librdkafka, kafka-python (no KIP-848 "
                                                            "client: its consumer row is left out)"),
     out: Optional[str] = typer.Option(None, help="Also write the rows as JSON to this file"),
+    failover: str = typer.Option("on", help="on: also kill -9 the leader of most query and reply partitions under "
+                                            "20 queries/s (QueryClient, then a gateway); off; only: that alone"),
 ) -> None:
     """Bulk lane group changes on a 3-broker cluster (1 -> 3 -> 1 workers, kill -9 of a member, a rolling restart
-    with static membership), per rebalance protocol: pause, query p95, chunks lost and re-embedded."""
+    with static membership), per rebalance protocol: pause, query p95, chunks lost and re-embedded; then a
+    broker failover under queries: answered %, the reply gap, p99 recovery."""
     from embedstream.bench import fleet_bench
 
     bad = [p for p in protocol if p not in fleet_bench.PROTOCOLS]
@@ -360,10 +363,20 @@ def bench_fleet(
         raise typer.BadParameter(f"client must be librdkafka or kafka-python, got {client}")
     from pathlib import Path
 
-    result = fleet_bench.run(port, data_dir, protocol, rate, backlog, qps, clients=client,
-                             out=Path(out) if out else None,
-                             say=lambda line: typer.echo(line, err=True))
-    fleet_bench.print_table(result)
+    if failover not in ("on", "off", "only"):
+        raise typer.BadParameter(f"failover must be on, off or only, got {failover!r}")
+    def say(line: str) -> None:
+        typer.echo(line, err=True)
+
+    if failover != "only":
+        result = fleet_bench.run(port, data_dir, protocol, rate, backlog, qps, clients=client,
+                                 out=Path(out) if out else None, say=say)
+        fleet_bench.print_table(result)
+    if failover != "off":
+        from embedstream.bench import failover_bench
+
+        rows = failover_bench.run(port, data_dir, say=say, out=Path(out).with_suffix(".failover.json") if out else None)
+        failover_bench.print_rows(rows)
 
 
 @app.command("lookup")

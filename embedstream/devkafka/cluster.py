@@ -81,6 +81,13 @@ def cluster_size(port: int = DEFAULT_PORT, data_dir: Path | str | None = None) -
     return size
 
 
+# How soon the cluster acts on a node's death (Kafka's defaults: fenced 9 s after its last heartbeat, a dead active
+# controller replaced after 2-3 s). Until the dead node is fenced, no partition that has it in sync moves its high
+# watermark: nothing new is read from any of them. See docs/fleet.md, request-reply through a broker failure.
+FAILOVER = {"broker.session.timeout.ms": "2500", "broker.heartbeat.interval.ms": "500",
+            "controller.quorum.fetch.timeout.ms": "1000", "controller.quorum.election.timeout.ms": "500"}
+
+
 def cluster_overrides(host: str, port: int, node: int, brokers: int) -> dict[str, str]:
     """server.properties entries that make a single node one of ``brokers`` (broker + controller each).
 
@@ -103,6 +110,7 @@ def cluster_overrides(host: str, port: int, node: int, brokers: int) -> dict[str
         "transaction.state.log.min.isr": str(in_sync),
         "share.coordinator.state.topic.replication.factor": str(replicas),
         "share.coordinator.state.topic.min.isr": str(in_sync),
+        **FAILOVER,
         "unclean.leader.election.enable": "false",  # a stale replica never becomes leader: nothing acked is lost
         # The consumer protocol (KIP-848) keeps the session timeout on the broker; let a group ask for what the
         # classic protocol allows: 6 s (a killed worker's partitions move soon) to 5 min (a static member

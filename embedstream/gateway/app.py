@@ -9,6 +9,10 @@ no worker, and 503 for the rest.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
+import re
+import socket
 import time
 from typing import Awaitable, Callable
 
@@ -46,16 +50,31 @@ def _by_method(handlers: dict[str, Callable[[Request], Awaitable[Response]]]) ->
     return dispatch
 
 
+_CLIENTS = itertools.count()
+
+
+def own_name() -> str:
+    """This gateway's name in its own reply topic: host (a pod's name), process id and the how-manyth gateway of the
+    process (tests run several; one closing must not delete another's topic), as topic names allow. ``/info`` says
+    the topic."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{socket.gethostname()}-{os.getpid()}-{next(_CLIENTS)}")[:120]
+
+
 def connect(settings: Settings, options: GatewayOptions) -> tuple[KafkaLanes, LagMonitor]:
     """The Kafka side: request topics present, one reply reader, the lag probes (blocking; run off the loop)."""
-    from embedstream.producers.topics import ensure_topics
+    from embedstream.producers.topics import TopicsError, ensure_topics
     from embedstream.producers.query_client import QueryClient
     from embedstream.producers.search_routing import search_topic
 
     k = settings.kafka
     topics = [k.topic_queries, k.topic_rerank, search_topic(k, settings.qdrant.collection)]
     ensure_topics(k, topics=topics)
-    client = QueryClient(k.model_copy(update={"fetch_max_wait_ms": options.reply_fetch_wait_ms}), options.reply_topic)
+    reading = k.model_copy(update={"fetch_max_wait_ms": options.reply_fetch_wait_ms})
+    try:
+        client = QueryClient(reading, options.reply_topic, own_reply_topic=own_name() if options.own_reply_topic else None)
+    except TopicsError as exc:  # no right to create it (a prefixed Create ACL is missing): the shared one, said
+        log.warning("cannot make this gateway's own reply topic; reading the shared one", error=str(exc)[:300])
+        client = QueryClient(reading, options.reply_topic)
     try:
         client.prepare(topics)
     except BaseException:

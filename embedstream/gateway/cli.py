@@ -26,6 +26,8 @@ def gateway_cmd(
     timeout: float = typer.Option(_DEFAULTS.default_timeout_s, help="Deadline (s) when the client sends no timeout"),
     max_timeout: float = typer.Option(_DEFAULTS.max_timeout_s, help="Cap (s) on a client's timeout"),
     reply_topic: str = typer.Option(None, help="Reply topic of this gateway; default EMBEDSTREAM_KAFKA__TOPIC_REPLIES"),
+    own_reply_topic: bool = typer.Option(_DEFAULTS.own_reply_topic, "--own-reply-topic/--shared-reply-topic",
+                                         help=_help("own_reply_topic")),
     auto_truncate: bool = typer.Option(_DEFAULTS.auto_truncate, "--auto-truncate/--no-auto-truncate",
                                        help=_help("auto_truncate")),
     log_level: str = typer.Option("info", help="uvicorn log level"),
@@ -41,6 +43,7 @@ def gateway_cmd(
     options = GatewayOptions(model=model, rerank_model=rerank_model, max_inputs=max_inputs, max_documents=max_documents,
                              max_body_bytes=max_body_bytes, max_inflight=max_inflight, max_lag=max_lag,
                              default_timeout_s=timeout, max_timeout_s=max_timeout, reply_topic=reply_topic,
+                             own_reply_topic=own_reply_topic,
                              auto_truncate=auto_truncate)
     serve(settings, options, host, port, log_level)
 

@@ -31,6 +31,9 @@ class GatewayOptions(BaseModel):
                                  "600 s)")
     reply_topic: str | None = Field(default=None, description="Reply topic of this gateway; None = "
                                     "EMBEDSTREAM_KAFKA__TOPIC_REPLIES")
+    own_reply_topic: bool = Field(default=True, description="Read the replies on a topic of this gateway's own, "
+                                  "<reply topic>.<host>-<pid> (made at start, deleted at stop), so N gateways do not "
+                                  "each read all N gateways' replies; off: on the reply topic itself")
     # The reply reader's fetch long-poll: a reply ends it at once, so a longer wait costs no latency, but
     # it cuts the reader's empty fetches from 100/s to 10/s (idle CPU 11% -> 2.6%), GIL time the event
     # loop otherwise waited for (handler over the Kafka client alone: 0.3-0.5 instead of 0.65-0.8 ms p50).

@@ -265,7 +265,8 @@ class Gateway:
             "max_text_bytes": engine.max_text_bytes,
             "topics": {"queries": self.settings.kafka.topic_queries, "rerank": self.settings.kafka.topic_rerank,
                        "search": search_topic(self.settings.kafka, self.settings.qdrant.collection),
-                       "replies": self.options.reply_topic or self.settings.kafka.topic_replies},
+                       "replies": self.lanes.reply_topic if self.lanes is not None else
+                       self.options.reply_topic or self.settings.kafka.topic_replies},
             "version": version,
         }
         sparse = self.settings.sparse

@@ -11,12 +11,16 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import pytest
 from conftest import isolated_settings, memory_store, wait_for
 from fault_rig import _assert_exactly, _chunk_events, _committed_to_the_end, _publish, _SteadyProducer
+from gateway_rig import MODEL, background_gateway
 from worker_rig import RunningWorker
 
-from embedstream.bench.fleet_rig import QueryLoad, kinds, reasons, recovery_s, window_p
+from embedstream.bench.fleet_rig import (HttpLoad, QueryLoad, answered_in_time, kinds, reasons, recovery_s, reply_gap,
+                                         timeline, window_p)
+from embedstream.gateway import GatewayOptions
 from embedstream.producers.query_client import QueryClient
 from embedstream.producers.topics import ensure_topics
 from embedstream.schemas.codec import encode
@@ -24,7 +28,17 @@ from embedstream.schemas.codec import encode
 pytestmark = pytest.mark.usefixtures("healed")
 
 SETTLED = {"answered", "refused", "timeout", "send_failed"}  # a reply, or a clear error: never "pending" (vanished)
-RECOVERY_BOUND_S = 90.0  # generous: measured 10-20 s (docs/fleet.md); the broker fences a dead node after 9 s
+# Queries: answered p99 back under twice its pre-kill value, and staying there HOLD_S, this soon after a kill -9 of the
+# leader of most query and reply partitions. Measured 4.0 s, 6.0 s when the node was also the active controller
+# (docs/fleet.md; 2 s windows): the dev cluster fences a dead node after 2.5 s (devkafka FAILOVER), and until then no
+# partition with it in sync moves its high watermark. On Kafka's 9 s fence: 12-24 s (the previous code; this bound
+# was 90 s). Held HOLD_S, not to the load's end: a later hiccup of a loaded host made it 24 s once, no failover's doing.
+RECOVERY_BOUND_S = 8.0
+HOLD_S = 10.0
+ANSWERED_IN_TIME = 0.99  # of the queries, answered within their deadline (a reply, no error, under timeout_s)
+
+
+TIMEOUT_S = 5.0  # each query's deadline
 
 
 def _count(store, collection: str) -> int:
@@ -93,27 +107,67 @@ def test_bulk_leader_killed_mid_backlog_then_back_indexes_every_chunk_once(clust
 
 @pytest.mark.timeout(300)
 def test_query_leader_killed_during_20_qps_every_query_answered_or_timed_out(cluster, minilm_engine):
-    control = cluster.control
     settings = isolated_settings(cluster.bootstrap, "qlead")
     ensure_topics(settings.kafka, partitions=4)
     k = settings.kafka
     with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), QueryClient(k) as client:
         wait_for(lambda: _answered(client), 120, "the online worker answering")
-        load = QueryLoad(client, rate_per_s=20, timeout_s=5.0).start()
-        time.sleep(10)
-        node = control.node_leading_most([k.topic_queries, k.topic_replies])
-        killed_at = time.monotonic()
-        control.kill(node)  # (b) kill -9 of the node leading most query and reply partitions
-        time.sleep(50)
-        outcomes = load.stop()
+        load = QueryLoad(client, rate_per_s=20, timeout_s=TIMEOUT_S)
+        outcomes, node, killed_at = _leader_killed_under(load, cluster.control, [k.topic_queries, k.topic_replies])
+    _assert_rode_out(outcomes, node, killed_at, f"QueryClient, {client.retries} sent again")
+
+
+@pytest.mark.timeout(300)
+def test_query_leader_killed_during_20_qps_through_the_gateway_every_request_answered(cluster, minilm_engine):
+    settings = isolated_settings(cluster.bootstrap, "glead")
+    ensure_topics(settings.kafka, partitions=4)
+    k = settings.kafka
+    with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), \
+            background_gateway(settings, GatewayOptions(model=MODEL)) as gateway:
+        wait_for(lambda: _http_answered(gateway.url), 120, "the gateway answering")
+        replies = httpx.get(f"{gateway.url}/info", timeout=10).json()["topics"]["replies"]  # the gateway's own
+        assert replies.startswith(f"{k.topic_replies}.")
+        load = HttpLoad(gateway.url, rate_per_s=20, timeout_s=TIMEOUT_S)
+        outcomes, node, killed_at = _leader_killed_under(load, cluster.control, [k.topic_queries, replies])
+    _assert_rode_out(outcomes, node, killed_at, "gateway")
+
+
+def _leader_killed_under(load, control, topics: list[str]) -> tuple[list, int, float]:
+    """(b) kill -9 of the node leading most of ``topics``' partitions 10 s into ``load``; 50 s more of it."""
+    load.start()
+    time.sleep(10)
+    node = control.node_leading_most(topics)
+    killed_at = time.monotonic()
+    control.kill(node)
+    time.sleep(50)
+    return load.stop(), node, killed_at
+
+
+def _assert_rode_out(outcomes: list, node: int, killed_at: float, what: str) -> None:
     counts = kinds(outcomes)
     before = window_p(outcomes, killed_at - 10, killed_at, 99)
     target = max(2 * before, 0.25)
-    recovered = recovery_s(outcomes, killed_at, target)
-    print(f"\n{len(outcomes)} queries, node {node} killed after 10 s: {counts}; answered p99 {before * 1000:.0f} ms "
-          f"before, back under {target * 1000:.0f} ms {recovered} s after the kill; not answered: {reasons(outcomes)}")
+    recovered = recovery_s(outcomes, killed_at, target, hold_s=HOLD_S)
+    in_time = answered_in_time(outcomes, TIMEOUT_S)
+    print(f"\n{what}: {len(outcomes)} queries, node {node} killed after 10 s: {counts}, {in_time} answered within "
+          f"{TIMEOUT_S:g} s; answered p99 {before * 1000:.0f} ms before, back under {target * 1000:.0f} ms {recovered} s "
+          f"after the kill; replies stopped for {reply_gap(outcomes, killed_at, killed_at + 20):.1f} s; not answered: "
+          f"{reasons(outcomes)}\n" + "; ".join(timeline(outcomes, killed_at - 2, killed_at + 12)))
     assert set(counts) <= SETTLED, [o for o in outcomes if o.kind not in SETTLED][:5]
+    assert in_time >= ANSWERED_IN_TIME * len(outcomes)
     assert recovered is not None and recovered <= RECOVERY_BOUND_S
+
+
+def _http_answered(url: str) -> bool:
+    import urllib.request
+
+    try:
+        request = urllib.request.Request(f"{url}/embed", data=b'{"inputs": "warm up"}', method="POST",
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status == 200
+    except Exception:  # noqa: BLE001 - not answering yet
+        return False
 
 
 def _answered(client) -> bool:

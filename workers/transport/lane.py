@@ -263,9 +263,8 @@ class Lane:
 
     # -- offsets and ownership ------------------------------------------------------------------
     def commit(self, wait: bool = True, revoked: frozenset = frozenset()) -> None:
-        """Commit every finished contiguous run (``revoked``: of those partitions too, being handed over); dead
-        letters and replies are acknowledged first."""
-        self.outbox.settle(self.flush_timeout_s)
+        """Commit finished contiguous runs (``revoked``: theirs too); a reply's record once acked, never awaited."""
+        self.outbox.settle()
         commit_finished(self.consumer, self.offsets, wait=wait, revoked=revoked, lane=self.name)
 
     def drop(self, partitions: set[tuple[str, int]]) -> None:
@@ -312,6 +311,7 @@ class Lane:
 
     def close(self) -> None:
         try:
+            self.outbox.settle(self.flush_timeout_s)
             self.commit()
         except Exception as exc:  # noqa: BLE001 - closing: report and carry on
             log.warning("final commit failed", lane=self.name, error=str(exc)[:300])

@@ -1,7 +1,11 @@
-"""What a worker sends besides its results: dead letters, request replies and requests handed on, through one producer.
+"""What a worker sends besides its results: dead letters (one producer), request replies and requests handed on
+(another: ``producers.live_partitions``, unkeyed, on partitions whose leaders answer).
 
 A record whose outcome is a dead letter or a reply counts as finished only once the broker
-acknowledged it; until then its offset is not committed. A reply that cannot be delivered (a bad
+acknowledged it; until then its offset is not committed. Nothing here waits for an acknowledgement
+while the lanes run: ``settle`` serves the reports that arrived and returns, so a reply queued for a
+partition whose leader died holds back only its own record's offset, never the poll loop (it used to
+flush, up to 30 s, every commit). ``close`` waits, with a bound. A reply that cannot be delivered (a bad
 ``reply_to``: an invalid or internal topic name, one the broker refuses) becomes a dead letter with
 the reason instead of an exception in the loop. A dead letter too large for the producer keeps a
 bounded prefix of the raw value, with the full value's size and sha256 digest in the reason.
@@ -17,6 +21,7 @@ from confluent_kafka import KafkaException
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
+from embedstream.producers.live_partitions import LiveSender, live_producer
 from embedstream.schemas import DeadLetter, ErrorInfo
 from embedstream.schemas.codec import encode
 from embedstream.workers.transport.kafka_io import MAX_REQUEST_BYTES, new_producer
@@ -42,11 +47,13 @@ def bounded_raw_value(value: bytes | None, limit: int) -> tuple[bytes, str]:
 class Outbox:
     """Dead letters and replies of one worker; ``settle`` before committing."""
 
-    def __init__(self, kafka: KafkaSettings, worker_id: str, metrics, producer=None):
+    def __init__(self, kafka: KafkaSettings, worker_id: str, metrics):
         self.kafka = kafka
         self.worker_id = worker_id
         self.metrics = metrics
-        self.producer = producer if producer is not None else new_producer(kafka)
+        self.producer = new_producer(kafka)  # dead letters: acks=all, idempotent
+        self.live = LiveSender(live_producer(kafka, "embedstream-worker-replies", 120.0,  # replies, requests handed on
+                                             **{"message.max.bytes": MAX_REQUEST_BYTES}))
         # JSON escaping or base64 can grow a value by a third; keep the letter under the request limit
         self.max_raw_bytes = max(1024, (MAX_REQUEST_BYTES - _ENVELOPE_MARGIN_BYTES) * 3 // 4)
         self._undelivered: list[tuple[object, ErrorInfo, list, str]] = []
@@ -75,7 +82,7 @@ class Outbox:
                     code=error.code, reason=error.message[:500])
 
     def reply(self, record, request, reply, handle: list, lane: str) -> None:
-        """Answer on the request's own reply topic, keyed by its correlation id; finished once acked.
+        """Answer on the request's own reply topic (unkeyed: the correlation id is in the value); finished once acked.
 
         A reply the client or the broker refuses is dead-lettered (``reply_failed``) at the next
         ``settle``; the request's offset stays uncommitted until then."""
@@ -86,12 +93,12 @@ class Outbox:
                 self._refused(record, request, error.str(), handle, lane)
 
         try:
-            self._produce(request.reply_to, request.request_id.encode(), encode(reply), delivered)
+            self._produce(request.reply_to, None, encode(reply), delivered, live=True)
         except (KafkaException, ValueError, TypeError) as exc:  # value too large, bad topic name: the record's fault
             self._refused(record, request, f"{type(exc).__name__}: {exc}", handle, lane)
 
     def forward(self, record, topic: str, request, handle: list, lane: str) -> None:
-        """Hand a request on to the workers that answer it (their topic, keyed by its correlation id); finished
+        """Hand a request on to the workers that answer it (their topic, unkeyed as the client sent it); finished
         once acked. One the broker refuses is dead-lettered (``forward_failed``) at the next ``settle``."""
         def failed(reason: str) -> None:
             self._undeliverable(record, ErrorInfo(code="forward_failed", message=(
@@ -104,19 +111,24 @@ class Outbox:
                 failed(error.str())
 
         try:
-            self._produce(topic, request.request_id.encode(), encode(request), delivered)
+            self._produce(topic, None, encode(request), delivered, live=True)
         except KafkaException as exc:
             failed(exc.args[0].str())
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes, on_delivery) -> None:
-        """Queue a record; while librdkafka's local queue is full, serve delivery reports until it has room."""
+    def _produce(self, topic: str, key: bytes | None, value: bytes, on_delivery, live: bool = False) -> None:
+        """Queue a record; while librdkafka's local queue is full, serve delivery reports until it has room (the
+        sending stage pauses, the lanes' loop does not)."""
+        producer = self.live.producer if live else self.producer
         while True:
             try:
-                self.producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
-                self.producer.poll(0)  # serve reports of earlier sends (and librdkafka's log lines)
+                if live:
+                    self.live.send(topic, value, on_delivery)
+                else:
+                    producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                producer.poll(0)  # serve reports of earlier sends (and librdkafka's log lines)
                 return
             except BufferError:
-                self.producer.poll(0.1)
+                producer.poll(0.1)
 
     def _refused(self, record, request, reason_text: str, handle: list, lane: str) -> None:
         reason = ErrorInfo(code="reply_failed", message=f"the reply to {request.reply_to[:300]!r} could not be "
@@ -127,22 +139,30 @@ class Outbox:
         with self._lock:  # reports run on whichever thread polls: dead-letter from the settling thread
             self._undelivered.append((record, reason, handle, lane))
 
-    def settle(self, timeout_s: float) -> None:
-        """Wait for the acks of everything sent; dead-letter the replies that could not be delivered."""
-        self._flush(timeout_s)
+    def settle(self, timeout_s: float = 0.0) -> None:
+        """Serve the acknowledgements that arrived (their records' offsets become committable) and dead-letter
+        the replies that could not be delivered; ``timeout_s`` > 0 (closing): wait that long for the rest.
+
+        Records not acknowledged yet stay uncommitted: the lane commits what finished and polls on."""
+        self._wait(timeout_s)
         with self._lock:
             undelivered, self._undelivered = self._undelivered, []
         for record, reason, handle, lane in undelivered:
             self.dead_letter(record, reason, handle, lane)
         if undelivered:
-            self._flush(timeout_s)
+            self._wait(timeout_s)
 
-    def _flush(self, timeout_s: float) -> None:
+    def _wait(self, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            self.live.producer.poll(0)
+            self.producer.poll(0)
+            return
         started = time.monotonic()
-        left = self.producer.flush(timeout_s)
+        left = self.live.producer.flush(timeout_s)
+        left += self.producer.flush(max(0.0, timeout_s - (time.monotonic() - started)))
         if left:  # those records stay uncommitted until acknowledged
             log.error("dead letters or replies not acknowledged; committing only finished work", unacknowledged=left,
                       waited_s=round(time.monotonic() - started, 1))
 
     def close(self) -> None:
-        self._flush(10.0)
+        self._wait(10.0)

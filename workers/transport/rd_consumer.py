@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException
 from confluent_kafka import TopicPartition as RdPartition
 from kafka import TopicPartition
-from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
@@ -35,14 +34,6 @@ class RdRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int
-
-
-class RdCommitError(KafkaError):
-    """A commit librdkafka refused; ``retriable`` as it says (the lane keeps the offsets for the next one)."""
-
-    def __init__(self, message: str, retriable: bool):
-        super().__init__(message)
-        self.retriable = retriable
 
 
 class RdConsumer:
@@ -69,6 +60,8 @@ class RdConsumer:
         self._paused: set[TopicPartition] = set()
         self._seeks: dict[TopicPartition, int] = {}
         self._listener = None
+        self._asked: dict[tuple[str, int], int] = {}  # the latest offset asked to commit, per partition
+        self._refused: dict[TopicPartition, int] = {}  # offsets a commit refused: asked again with the next
         self.joined = False  # a stable member: set by an assignment (possibly empty), cleared by a revocation
 
     # -- fetching -------------------------------------------------------------------------------
@@ -189,21 +182,29 @@ class RdConsumer:
 
     # -- offsets --------------------------------------------------------------------------------
     def commit(self, offsets: dict) -> None:
-        """Commit ``{TopicPartition: OffsetAndMetadata}`` and wait; a refusal raises a ``KafkaError``."""
-        try:
-            self._consumer.commit(offsets=self._rd_offsets(offsets), asynchronous=False)
-        except KafkaException as exc:
-            error = exc.args[0]
-            raise RdCommitError(error.str(), retriable=not error.fatal()) from None
+        """Commit ``{TopicPartition: OffsetAndMetadata}`` without waiting: a synchronous commit waits for the group's
+        coordinator, and after a broker's ``kill -9`` that held the lane's poll loop until a new one took over (4-5 s
+        of no answers at all). An offset refused (``_on_commit``) is committed again with the next call, unless a
+        later one of its partition was asked for since, or the partition is no longer this member's."""
+        retried = {tp: offset for tp, offset in self._refused.items() if tp in self._assigned}
+        self._refused.clear()
+        self.commit_async({**retried, **offsets})
 
     def commit_async(self, offsets: dict, callback=None) -> None:
-        """Commit without waiting (at a revocation); a failure is logged by ``_on_commit``, not ``callback``."""
+        """Commit without waiting; a failure is logged by ``_on_commit``, not ``callback``."""
+        for tp, meta in offsets.items():
+            self._asked[(tp.topic, tp.partition)] = getattr(meta, "offset", meta)
         self._consumer.commit(offsets=self._rd_offsets(offsets), asynchronous=True)
 
-    @staticmethod
-    def _on_commit(error, _partitions) -> None:
-        if error is not None:
-            log.warning("offset commit failed", error=error.str()[:300])
+    def _on_commit(self, error, partitions) -> None:
+        """A commit's result (served inside ``poll``): a refused offset, still the latest asked, is asked again."""
+        refused = [p for p in partitions if error is not None or p.error is not None]
+        for p in refused:
+            if self._asked.get((p.topic, p.partition)) == p.offset:
+                self._refused[TopicPartition(p.topic, p.partition)] = p.offset
+        if refused:
+            reason = error if error is not None else refused[0].error
+            log.warning("offset commit failed; will retry", error=reason.str()[:300], partitions=len(refused))
 
     @staticmethod
     def _rd_offsets(offsets: dict) -> list[RdPartition]:
