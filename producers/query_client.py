@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.kafka_auth import check_kafka_access
+from embedstream.kafka_access import check_kafka_access
 from embedstream.producers.topics import DEFAULT_PARTITIONS, ensure_topics
 from embedstream.schemas.codec import DecodeError, decode, encode
 from embedstream.schemas.events import Dtype, PromptKind, QueryReply, QueryRequest, now_ms

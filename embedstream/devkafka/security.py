@@ -29,7 +29,7 @@ from embedstream.config import KafkaSettings
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.layout import Layout, write_text
 from embedstream.devkafka.tls import ensure_certificates
-from embedstream.kafka_auth import KafkaAccessError, check_kafka_access
+from embedstream.kafka_access import KafkaAccessError, check_kafka_access
 
 PLAINTEXT = "plaintext"
 SASL_SSL = "sasl_ssl"

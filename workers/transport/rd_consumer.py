@@ -20,7 +20,8 @@ from kafka.errors import KafkaError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.workers.transport.kafka_io import broker_listening, incremental, librdkafka_rebalancing, set_group_session_timeout
+from embedstream.workers.transport.kafka_io import (broker_listening, incremental, librdkafka_rebalancing,
+                                                    release_static_member, set_group_session_timeout)
 
 log = logs.get("embedstream.worker")
 
@@ -48,7 +49,12 @@ class RdCommitError(KafkaError):
 class RdConsumer:
     """``KafkaConsumer``'s poll / pause / resume / seek / commit / assignment over librdkafka's consumer."""
 
-    def __init__(self, kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int, **_unused):
+    def __init__(self, kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int,
+                 session_timeout_ms: int | None = None, group_instance_id: str | None = None):
+        """``session_timeout_ms`` and ``group_instance_id``: this lane's own (the CDC bridge's), else the settings'."""
+        if session_timeout_ms:
+            kafka = kafka.model_copy(update={"session_timeout_ms": session_timeout_ms})
+        instance_id = group_instance_id or kafka.instance_id()
         config = kafka.librdkafka_config(**{
             "group.id": group, "client.id": client_id,
             "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
@@ -58,8 +64,9 @@ class RdConsumer:
             "error_cb": self._on_error, "on_commit": self._on_commit,
             **librdkafka_rebalancing(kafka),
         })
-        if kafka.instance_id():
-            config["group.instance.id"] = kafka.instance_id()
+        if instance_id:
+            config["group.instance.id"] = instance_id
+            release_static_member(kafka, group, instance_id)
         set_group_session_timeout(kafka, group)
         self._consumer = Consumer(config)
         self._incremental = incremental(kafka)  # cooperative or consumer protocol: callbacks carry what moves
