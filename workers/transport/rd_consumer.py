@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException
+from confluent_kafka import KafkaError as RdError
 from confluent_kafka import TopicPartition as RdPartition
 from kafka import TopicPartition
 from kafka.errors import KafkaError
@@ -89,8 +90,8 @@ class RdConsumer:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.fatal():
-                    raise KafkaException(error)
+                if error.fatal() or error.code() == RdError._FATAL:  # the client is unusable (e.g. its instance
+                    raise KafkaException(error)  # id held by another member): the lane ends, the worker with it
                 log.warning("consumer error", error=error.str()[:300])
                 continue
             # librdkafka drops what it fetched before a pause or revocation (a version barrier): all of this is current
