@@ -1,7 +1,8 @@
 """Kafka client helpers shared by every worker: client construction, subscribing, committing, probing.
 
 No loop and no policy here: the lane (``workers/transport/lane.py``) and the loop (``workers/loop.py``) use
-these; they hold what kafka-python needs said the same way in every worker.
+these. The lanes' consumer is librdkafka's (``rd_consumer.py``, which speaks the part of kafka-python's API a
+lane uses); ``new_consumer`` builds the kafka-python one, a lane's client by choice (``KafkaSettings.*_client``).
 """
 
 from __future__ import annotations
@@ -243,12 +244,13 @@ def group_joined(consumer) -> bool:
 
 
 def subscribe(consumer, topics: list[str], listener) -> None:
-    """Subscribe (to topics that exist: ``Lane.follow_topics``), then load the topics' metadata before the first join.
+    """Subscribe (to topics that exist: ``Lane.follow_topics``); a kafka-python consumer then loads the topics'
+    metadata before the first join.
 
     Joined without it, the group starts with no partitions and kafka-python 3.0.12 can then stall
     in its next fetch for good. Loaded before subscribing, the group's metadata snapshot misses it
     and the first refresh forces a second rebalance; so: after subscribe, before the first poll.
     """
     consumer.subscribe(topics, listener=listener)
-    for topic in topics:
+    for topic in topics if isinstance(consumer, KafkaConsumer) else ():
         consumer.partitions_for_topic(topic)

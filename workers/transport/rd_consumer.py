@@ -104,10 +104,6 @@ class RdConsumer:
         self._listener = listener
         self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
 
-    def partitions_for_topic(self, topic: str) -> set[int] | None:
-        found = self._consumer.list_topics(topic, timeout=10.0).topics.get(topic)
-        return set(found.partitions) if found is not None and found.error is None else None
-
     # -- rebalances (inside poll, on the lane's thread) ------------------------------------------
     def _on_assign(self, consumer, partitions: list[RdPartition]) -> None:
         """Eager: the whole new assignment; incremental: the partitions added (possibly none)."""
