@@ -22,6 +22,7 @@ from embedstream.producers.topics import all_topics, ensure_topics
 from embedstream.schemas import ChunkEvent
 from embedstream.schemas.codec import encode
 from embedstream.workers.cdc_bridge import CdcBridge, CdcOptions
+from embedstream.workers.transport.rd_consumer import RdConsumer
 from cdc_events import CONFIG, envelope, key, raw, row
 
 pytestmark = pytest.mark.kafka
@@ -67,6 +68,7 @@ def test_the_cdc_bridge_consumes_a_topic_created_after_it_started(kafka_bootstra
             wait_for(lambda: bridge.metrics.events.labels(op="c")._value.get() == 3, 90,
                      f"round {round_} (topic after {delay} s): every change applied")
             assert bridge.failure is None
+            assert isinstance(bridge.lane.consumer, RdConsumer)  # the CDC lane: librdkafka by default (issue #41)
 
 
 @pytest.mark.timeout(300)

@@ -101,3 +101,10 @@ def test_the_consumer_protocol_needs_a_broker_that_serves_it():
     assert with_served_group_protocol(kafka, frozenset({"classic"})).group_protocol == "cooperative-sticky"
     eager = KafkaSettings(group_protocol="eager")
     assert with_served_group_protocol(eager, frozenset({"classic"})) is eager
+
+
+def test_every_lane_defaults_to_librdkafka_on_the_consumer_protocol():
+    """Issue #41: online, bulk and CDC lanes on librdkafka with KIP-848; kafka-python only when chosen."""
+    kafka = KafkaSettings()
+    assert (kafka.online_client, kafka.bulk_client, kafka.group_protocol) == ("librdkafka", "librdkafka", "consumer")
+    assert KafkaSettings(bulk_client="kafka-python").bulk_client == "kafka-python"  # still a choice
