@@ -58,7 +58,7 @@ def _hung_up(kafka: KafkaSettings, lines: list[str]) -> KafkaAccessError | None:
     if said is None:
         return None
     return KafkaAccessError("kafka_protocol_mismatch", (
-        f"{kafka.bootstrap_servers} closed the connection before answering ApiVersion ({said.rsplit(': ', 2)[-2:]}) "
+        f"{kafka.bootstrap_servers} closed the connection before answering ApiVersion ({said[-300:]}) "
         f"with security_protocol={kafka.security_protocol}; does the listener expect TLS or SASL?"))
 
 
