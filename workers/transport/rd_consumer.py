@@ -37,6 +37,7 @@ class RdRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int
+    headers: list[tuple[str, bytes]]  # [] when none (Debezium's say where a moved row came from)
 
 
 class RdCommitError(KafkaError):
@@ -97,7 +98,7 @@ class RdConsumer:
             # librdkafka drops what it fetched before a pause or revocation (a version barrier): all of this is current
             tp = TopicPartition(message.topic(), message.partition())
             batches.setdefault(tp, []).append(RdRecord(tp.topic, tp.partition, message.offset(), message.key(),
-                                                       message.value(), message.timestamp()[1]))
+                                                       message.value(), message.timestamp()[1], message.headers() or []))
         return batches
 
     def subscribe(self, topics: list[str], listener=None) -> None:
