@@ -124,15 +124,16 @@ def set_group_session_timeout(kafka: KafkaSettings, group: str) -> None:
 
 
 def release_static_member(kafka: KafkaSettings, group: str, instance_id: str) -> None:
-    """Consumer protocol: remove the member that holds ``instance_id`` in ``group`` before joining under it.
+    """Consumer protocol: remove the member that holds ``instance_id`` in ``group``, so that a replacement can join.
 
     A KIP-848 coordinator keeps a static member that died without leaving (kill -9, a lost node) until its
     session expires, and refuses its replacement meanwhile: librdkafka calls the UNRELEASED_INSTANCE_ID it
     answers fatal (measured: Kafka 4.2, session 45 s; the replacement failed at its first heartbeat). The
     classic protocol's replacement fences the old member instead; removing it by its instance id (a
-    LeaveGroup, as ``kafka-consumer-groups --delete-members`` does) gives KIP-848 the same: the replacement
-    holds the partitions 0.4 s after the kill. kafka-python's admin client: librdkafka has no such call.
-    A live member with the same id is fenced, as under the classic protocol: one id per process."""
+    LeaveGroup, as ``kafka-consumer-groups --delete-members`` does) gives KIP-848 the same. Only after that
+    refusal (``RdConsumer``): a member that left cleanly keeps its partitions for its return, no rebalance.
+    kafka-python's admin client: librdkafka has no such call. A live member with the same id is fenced, as
+    under the classic protocol: one id per process."""
     if kafka.group_protocol != "consumer":
         return
     from kafka.admin import KafkaAdminClient
@@ -145,10 +146,10 @@ def release_static_member(kafka: KafkaSettings, group: str, instance_id: str) ->
         return
     try:
         removed = admin.remove_group_members(group, [MemberToRemove(group_instance_id=instance_id)])
-        log.info("static member released before joining", group=group, instance_id=instance_id,
+        log.info("the member holding this static id removed", group=group, instance_id=instance_id,
                  result={k: getattr(v, "__name__", str(v)) for k, v in removed.items()})
     except Exception as exc:  # noqa: BLE001 - no such member (a first start), a new group: nothing to release
-        log.debug("no static member to release", group=group, instance_id=instance_id, error=str(exc)[:300])
+        log.debug("no member holding this static id removed", group=group, instance_id=instance_id, error=str(exc)[:300])
     finally:
         admin.close()
 

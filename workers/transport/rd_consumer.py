@@ -68,9 +68,11 @@ class RdConsumer:
         })
         if instance_id:
             config["group.instance.id"] = instance_id
-            release_static_member(kafka, group, instance_id)
         set_group_session_timeout(kafka, group)
         self._consumer = Consumer(config)
+        self._config, self._kafka, self._group, self._instance_id = config, kafka, group, instance_id
+        self._took_over = False  # the static member id was taken from a member that never left (once per consumer)
+        self._topics: list[str] = []
         self._incremental = incremental(kafka)  # cooperative or consumer protocol: callbacks carry what moves
         self.bootstrap_servers = kafka.bootstrap_servers
         self.max_poll_records = max_poll_records
@@ -91,8 +93,10 @@ class RdConsumer:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.fatal() or error.code() == RdError._FATAL:  # the client is unusable (e.g. its instance
-                    raise KafkaException(error)  # id held by another member): the lane ends, the worker with it
+                if error.fatal() or error.code() == RdError._FATAL:  # the client is unusable
+                    if self._take_over(error):
+                        return {}
+                    raise KafkaException(error)  # the lane ends, the worker with it
                 log.warning("consumer error", error=error.str()[:300])
                 continue
             # librdkafka drops what it fetched before a pause or revocation (a version barrier): all of this is current
@@ -102,8 +106,30 @@ class RdConsumer:
         return batches
 
     def subscribe(self, topics: list[str], listener=None) -> None:
-        self._listener = listener
+        self._listener, self._topics = listener, list(topics)
         self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    def _take_over(self, error) -> bool:
+        """Refused its static member id (UNRELEASED_INSTANCE_ID: a member that died without leaving still holds it):
+        remove that member, join again with a new client. Once; a second refusal is raised (``release_static_member``)."""
+        text = error.str()
+        if self._took_over or not self._instance_id or not ("instance ID is still used" in text
+                                                              or "UNRELEASED_INSTANCE_ID" in text):
+            return False
+        self._took_over = True
+        log.warning("static member id held by a member that did not leave; removing it and joining again",
+                    group=self._group, instance_id=self._instance_id)
+        try:
+            self._consumer.close()
+        except KafkaException:  # the refused client: nothing of it is needed
+            pass
+        release_static_member(self._kafka, self._group, self._instance_id)
+        self._consumer = Consumer(self._config)
+        self._assigned, self._paused, self._seeks, self.joined = set(), set(), {}, False
+        if self._topics:
+            self._consumer.subscribe(self._topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_lost)
+        return True
 
     # -- rebalances (inside poll, on the lane's thread) ------------------------------------------
     def _on_assign(self, consumer, partitions: list[RdPartition]) -> None:
