@@ -4,8 +4,8 @@ without waiting out the session.
 Measured first (Kafka 4.2.2, librdkafka 2.16, group session 45 s): the consumer protocol's coordinator keeps the
 dead member until its session expires and answers the replacement's first heartbeat UNRELEASED_INSTANCE_ID, which
 librdkafka calls fatal (the replacement never consumed); under the classic protocol the replacement fenced the
-old member and held its partitions 0.2 s after the kill. A lane with a static id now removes the member holding
-that id before it joins (``kafka_io.release_static_member``).
+old member and held its partitions 0.2 s after the kill. Refused so, a lane now removes the member holding its id
+and joins again (``RdConsumer._take_over``, ``kafka_io.release_static_member``).
 """
 
 from __future__ import annotations
