@@ -203,12 +203,13 @@ class KafkaSettings(BaseModel):
     online_client: Literal["librdkafka", "kafka-python"] = Field(
         default="librdkafka",
         description="Consumer of the online lanes (queries and online chunks; rerank and search): librdkafka "
-                    "fetches off the GIL (an echo round trip 2.1 vs 4.2 ms p50); kafka-python as the bulk lane",
+                    "fetches off the GIL (an echo round trip 2.1 vs 4.2 ms p50); kafka-python remains a choice",
     )
     bulk_client: Literal["librdkafka", "kafka-python"] = Field(
-        default="kafka-python",
-        description="Consumer of the bulk lane (embed workers' bulk chunks): librdkafka parses fetches in native "
-                    "threads, off the GIL the model and output stages need",
+        default="librdkafka",
+        description="Consumer of the bulk lanes (embed workers' bulk chunks, the CDC bridge): librdkafka parses "
+                    "fetches in native threads, off the GIL the model and output stages need, and speaks the "
+                    "consumer group protocol (KIP-848); kafka-python remains a choice (cooperative-sticky)",
     )
     max_record_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1, description="Dead-letter a record value above this size without parsing it"
@@ -377,11 +378,6 @@ class WorkerSettings(BaseModel):
     stall_timeout_s: float = Field(
         default=120.0, gt=0,
         description="/healthz turns 503 when the loop took no step this long, or records wait while nothing was taken",
-    )
-    join_timeout_s: float = Field(
-        default=30.0, gt=0,
-        description="A lane that lost its group coordinator and is not a stable member again within this long, "
-                    "while the broker answers, gets a new consumer (kafka-python lanes)",
     )
     access_check_timeout_s: float = Field(
         default=10.0, gt=0, description="Start-up: the bounded login and topic check before any consumer is built"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kafka import KafkaConsumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from embedstream import logs
 from embedstream.config import Settings
@@ -133,15 +133,17 @@ class Reindexer:
     def _await_workers(self, phase: str) -> None:
         """Wait until the bulk embed group has committed past everything published so far."""
         kafka = self.settings.kafka
-        consumer = KafkaConsumer(**kafka.client_kwargs(), group_id=kafka.group_bulk, enable_auto_commit=False)
+        consumer = Consumer(kafka.librdkafka_config(**{"group.id": kafka.group_bulk, "enable.auto.commit": False,
+                                                       "client.id": "embedstream-reindex-wait"}))  # reads, never joins
         try:
-            partitions = [TopicPartition(kafka.topic_chunks_bulk, p)
-                          for p in sorted(consumer.partitions_for_topic(kafka.topic_chunks_bulk) or ())]
-            ends = consumer.end_offsets(partitions)
+            found = consumer.list_topics(kafka.topic_chunks_bulk, timeout=10).topics.get(kafka.topic_chunks_bulk)
+            partitions = [TopicPartition(kafka.topic_chunks_bulk, p) for p in sorted(found.partitions if found else ())]
+            ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions}
             first: int | None = None
             deadline = time.monotonic() + self.plan.wait_timeout_s
             while True:
-                behind = sum(max(0, ends[tp] - (consumer.committed(tp) or 0)) for tp in partitions)
+                committed = consumer.committed(partitions, timeout=10) if partitions else []
+                behind = sum(max(0, ends[tp.partition] - max(tp.offset, 0)) for tp in committed)
                 first = behind if first is None else first
                 self.on_phase(phase, max(0, first - behind), first)
                 if behind == 0:

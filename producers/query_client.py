@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.kafka_auth import check_kafka_access
+from embedstream.kafka_access import check_kafka_access
 from embedstream.producers.live_partitions import LiveSender, live_producer
 from embedstream.producers.retry_policy import RetryPolicy
 from embedstream.producers.topics import DEFAULT_PARTITIONS, delete_topics, ensure_topics

@@ -15,9 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from confluent_kafka import Producer
-from kafka import KafkaConsumer, TopicPartition
-from kafka.structs import OffsetAndMetadata
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
@@ -91,70 +89,75 @@ class DocumentReplay:
         self.chunker = chunker
         self.commit_every_s = commit_every_s
         self.ignore_committed = ignore_committed
-        self.consumer = KafkaConsumer(
-            **kafka.client_kwargs(), group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_max_wait_ms=100, max_poll_records=poll_records, client_id=f"embedstream-replay-{group_id}",
-        )
+        self.poll_records = poll_records
+        # librdkafka (the default path's client); manual assignment: no group join, offsets still stored in the group.
+        # partition.eof: a partition whose last records were compacted away still says where it ends
+        self.consumer = Consumer(kafka.librdkafka_config(**{
+            "group.id": group_id, "client.id": f"embedstream-replay-{group_id}", "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
+            "enable.partition.eof": True}))
         self._dead_letters = Producer(kafka.producer_config(**{"client.id": f"embedstream-replay-{group_id}"}))
         self._letter_failures: list[str] = []
         self.partitions = self._partitions()
-        self.consumer.assign(self.partitions)  # manual assignment: no group join, offsets still stored
+        self.positions: dict[int, int] = {}  # partition -> the next offset this pass hands out
 
-    def _partitions(self, timeout_s: float = 30.0) -> list[TopicPartition]:
+    def _partitions(self, timeout_s: float = 30.0) -> list[int]:
         end = time.monotonic() + timeout_s
         while True:
-            found = self.consumer.partitions_for_topic(self.topic)
-            if found:
-                return [TopicPartition(self.topic, p) for p in sorted(found)]
+            found = self.consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if found is not None and found.error is None and found.partitions:
+                return sorted(found.partitions)
             if time.monotonic() > end:
                 raise RuntimeError(f"topic {self.topic!r} has no partitions (does it exist?)")
             time.sleep(0.2)
 
-    def _seek(self, progress: ReplayProgress) -> None:
-        """Committed offsets win (resume); otherwise the requested start."""
-        missing = []
-        for tp in self.partitions:
-            committed = None if self.ignore_committed else self.consumer.committed(tp)
-            if committed is not None:
-                self.consumer.seek(tp, committed)
-                progress.resumed = True
-            else:
-                missing.append(tp)
-        if not missing:
-            return
-        if self.start.kind == "earliest":
-            self.consumer.seek_to_beginning(*missing)
-        elif self.start.kind == "offsets":
-            beginning = self.consumer.beginning_offsets(missing)
-            for tp in missing:
-                self.consumer.seek(tp, max(self.start.offsets.get(tp.partition, 0), beginning[tp]))
-        else:
-            found = self.consumer.offsets_for_times({tp: self.start.timestamp_ms for tp in missing})
-            ends = self.consumer.end_offsets(missing)
-            for tp in missing:
-                self.consumer.seek(tp, found[tp].offset if found.get(tp) is not None else ends[tp])
+    def _starts(self, progress: ReplayProgress) -> dict[int, int]:
+        """Committed offsets win (resume); otherwise the requested start (each within the partition's log)."""
+        bounds = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10) for p in self.partitions}
+        starts: dict[int, int] = {}
+        if not self.ignore_committed:
+            for tp in self.consumer.committed([TopicPartition(self.topic, p) for p in self.partitions], timeout=10):
+                if tp.offset != OFFSET_INVALID and tp.offset >= 0:
+                    starts[tp.partition] = tp.offset
+                    progress.resumed = True
+        missing = [p for p in self.partitions if p not in starts]
+        if self.start.kind == "timestamp" and missing:
+            found = self.consumer.offsets_for_times(
+                [TopicPartition(self.topic, p, self.start.timestamp_ms) for p in missing], timeout=10)
+            starts.update({tp.partition: tp.offset if tp.offset >= 0 else bounds[tp.partition][1] for tp in found})
+        for p in missing:
+            wanted = self.start.offsets.get(p, 0) if self.start.kind == "offsets" else starts.get(p, 0)
+            starts[p] = min(max(wanted, bounds[p][0]), bounds[p][1])
+        return starts
 
     def run(self, on_progress: Callable[[ReplayProgress], None] | None = None,
             should_stop: Callable[[], bool] | None = None) -> ReplayProgress:
         """Replay up to the current end; returns what was read and published."""
         progress = ReplayProgress()
-        self._seek(progress)
-        ends = self.consumer.end_offsets(self.partitions)
-        positions = {tp: self.consumer.position(tp) for tp in self.partitions}
-        progress.total = sum(max(0, ends[tp] - positions[tp]) for tp in self.partitions)
+        self.positions = self._starts(progress)
+        ends = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                for p in self.partitions}
+        progress.total = sum(max(0, ends[p] - self.positions[p]) for p in self.partitions)
+        self.consumer.assign([TopicPartition(self.topic, p, self.positions[p]) for p in self.partitions
+                              if self.positions[p] < ends[p]])
         if on_progress:
             on_progress(progress)
         last_commit = time.monotonic()
-        while any(self.consumer.position(tp) < ends[tp] for tp in self.partitions):
+        while any(self.positions[p] < ends[p] for p in self.partitions):
             if should_stop and should_stop():
                 break
-            batches = self.consumer.poll(timeout_ms=500)
-            records = [r for tp in self.partitions for r in batches.get(tp, []) if r.offset < ends[tp]]
-            if len(records) < sum(len(v) for v in batches.values()):  # read past this pass's end: step back
-                for tp, recs in batches.items():
-                    beyond = [r.offset for r in recs if r.offset >= ends[tp]]
-                    if beyond:
-                        self.consumer.seek(tp, min(beyond))
+            records = []
+            for message in self.consumer.consume(self.poll_records, 0.5):
+                error, p = message.error(), message.partition()
+                if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                    if error.fatal():
+                        raise KafkaException(error)
+                    log.warning("replay consumer error", error=error.str()[:300])
+                elif error is not None or message.offset() >= ends[p]:  # at this pass's end (past gaps, markers)
+                    self.positions[p] = max(self.positions[p], ends[p])
+                else:
+                    records.append(message)
+                    self.positions[p] = message.offset() + 1
             self._publish(records, progress)
             progress.read += len(records)
             if on_progress:
@@ -169,8 +172,8 @@ class DocumentReplay:
         """Publish in log order; documents are chunked together up to the next tombstone."""
         documents: list[Document] = []
         for record in records:
-            key = record.key.decode("utf-8", "replace") if record.key is not None else None
-            if record.value is None:  # tombstone: the document was deleted (after what came before it)
+            key = record.key().decode("utf-8", "replace") if record.key() is not None else None
+            if record.value() is None:  # tombstone: the document was deleted (after what came before it)
                 refused = doc_id_refusal(key) if key else None
                 if refused:
                     self._dead_letter(record, ErrorInfo(code="invalid_event", message=f"tombstone key: doc_id {refused}"))
@@ -183,7 +186,7 @@ class DocumentReplay:
                     progress.deletes += 1
                 continue
             try:
-                event = decode(record.value, DocumentRecord)
+                event = decode(record.value(), DocumentRecord)
             except DecodeError as err:
                 self._dead_letter(record, err.to_error_info())
                 progress.bad += 1
@@ -200,13 +203,13 @@ class DocumentReplay:
         progress.documents += len(documents)
 
     def _dead_letter(self, record, error: ErrorInfo) -> None:
-        letter = DeadLetter.from_record(record.topic, record.partition, record.offset, record.key, record.value,
+        letter = DeadLetter.from_record(record.topic(), record.partition(), record.offset(), record.key(), record.value(),
                                         error, worker=f"replay:{self.group_id}")
         def delivered(error, _message) -> None:
             if error is not None:
                 self._letter_failures.append(error.str())
 
-        self._dead_letters.produce(self.kafka.topic_dead_letters, key=record.key, value=encode(letter),
+        self._dead_letters.produce(self.kafka.topic_dead_letters, key=record.key(), value=encode(letter),
                                    on_delivery=delivered)
         self._dead_letters.poll(0)
 
@@ -218,8 +221,10 @@ class DocumentReplay:
         if left or failures:
             raise PublishError(f"dead letters to {self.kafka.topic_dead_letters} not written: {left} unacknowledged, "
                                f"{len(failures)} failed{f' (first: {failures[0]})' if failures else ''}")
-        self.consumer.commit({tp: OffsetAndMetadata(self.consumer.position(tp), "", -1) for tp in self.partitions})
+        if self.positions:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in self.positions.items()],
+                                 asynchronous=False)
 
     def close(self) -> None:
-        self.consumer.close(autocommit=False)
+        self.consumer.close()
         self._dead_letters.flush(10.0)

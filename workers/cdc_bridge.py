@@ -119,8 +119,7 @@ class CdcBridge(WorkerLoop):
         if options.instance_id and not self.kafka.instance_id():
             membership["group_instance_id"] = options.instance_id
         self.lane = self.add_lane(METRICS_LANE, [options.topic], options.group or self.kafka.group_cdc,
-                                  options.max_poll_records, librdkafka=False,  # read_committed, as every lane
-                                  **membership)
+                                  options.max_poll_records, **membership)
         self.memory = DocumentMemory(self.kafka)
         self.last_commit = 0.0
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from embedstream import logs
 from embedstream.config import KafkaSettings, WorkerSettings
-from embedstream.kafka_auth import check_kafka_access
+from embedstream.kafka_access import check_kafka_access
 from embedstream.schemas import ErrorInfo
 from embedstream.workers.transport.kafka_io import with_served_group_protocol
 from embedstream.workers.transport.lane import PERMANENT, TRANSIENT, Lane, failure_kind
@@ -47,10 +47,10 @@ class WorkerLoop:
         self.stop_event = threading.Event()
         self.ready = threading.Event()
         self.failure: BaseException | None = None  # why the loop ended, when it did not end by stop()
-        # Fail fast, naming why (KafkaAccessError): kafka-python alone retries a refused login for 30 s,
-        # then reports a bootstrap timeout, and a consumer denied a topic polls nothing, silently.
-        apis = check_kafka_access(kafka, tuning.access_check_timeout_s, topics=[kafka.topic_dead_letters])
-        self.kafka = with_served_group_protocol(kafka, apis)  # the lanes' settings: what this broker serves
+        # Fail fast, naming why (KafkaAccessError): a client alone retries a refused login forever, saying
+        # why only to its error callback, and a consumer denied a topic polls nothing, silently.
+        access = check_kafka_access(kafka, tuning.access_check_timeout_s, topics=[kafka.topic_dead_letters])
+        self.kafka = with_served_group_protocol(kafka, access.group_protocols)  # what this broker serves
         self.outbox = Outbox(kafka, worker_id, metrics)
         self.lanes: dict[str, Lane] = {}
         self.last_step = self.last_progress = time.monotonic()  # /healthz: liveness is progress
@@ -63,7 +63,6 @@ class WorkerLoop:
         check_kafka_access(self.kafka, self.tuning.access_check_timeout_s, topics=topics)
         lane = Lane(name, self.kafka, topics, group, self.outbox, worker_id=self.worker_id,
                     max_poll_records=max_poll_records, full=full, flush_timeout_s=self.tuning.flush_timeout_s,
-                    join_timeout_s=self.tuning.join_timeout_s,
                     librdkafka=self._librdkafka(online) if librdkafka is None else librdkafka,
                     **consumer_extra)
         self.lanes[name] = lane

@@ -1,45 +1,16 @@
-"""Readiness over the wire: raw ApiVersions + Metadata requests.
-
-Stdlib framing only (shared with ``embedstream.kafka_auth``), so it works before a Kafka client
-library is imported.
-"""
+"""Readiness of a dev broker: its metadata as librdkafka gets it (a TLS handshake for a secured one)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import ssl
-import struct
 import time
 
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.layout import DEFAULT_HOST, DEFAULT_PORT, Layout, logs_excerpt
 from embedstream.devkafka.process import EXIT_CODES, pid_alive
-from embedstream.kafka_auth import send_request
-
-CLIENT_ID = b"embedstream-devkafka"
-
-
-def _api_versions(sock: socket.socket) -> dict[int, tuple[int, int]]:
-    """ApiVersions v0 (answered by every broker): api key -> (min, max) version."""
-    body = send_request(sock, 18, 0, b"", correlation_id=1, client_id=CLIENT_ID)
-    error, count = struct.unpack(">hi", body[:6])
-    if error != 0:
-        raise ValueError(f"ApiVersions error {error}")
-    entries = struct.iter_unpack(">hhh", body[6 : 6 + 6 * count])
-    return {key: (lo, hi) for key, lo, hi in entries}
-
-
-def _metadata_broker_count(sock: socket.socket, version: int) -> int:
-    """Brokers listed by a (non-flexible, v1..v8) Metadata request for no topics."""
-    body = struct.pack(">i", 0)  # empty topic list: cluster info only
-    if version >= 4:
-        body += b"\x00"  # allow_auto_topic_creation
-    if version >= 8:
-        body += b"\x00\x00"  # include cluster/topic authorized operations
-    resp = send_request(sock, 3, version, body, correlation_id=2, client_id=CLIENT_ID)
-    offset = 4 if version >= 3 else 0  # throttle_time_ms
-    return struct.unpack(">i", resp[offset : offset + 4])[0]
 
 
 def broker_answers(
@@ -52,26 +23,26 @@ def broker_answers(
     """True when a Kafka broker at host:port serves requests and lists itself in metadata
     (a node of a cluster: lists ``brokers`` brokers, every node registered).
 
-    Stronger than an open port: the listener opens before the broker has registered
-    with its controller, and clients fail until it has. With ``tls`` (a SASL_SSL listener) the
-    probe completes the TLS handshake and stops at ApiVersions: Metadata needs a login, which
-    the secured start does next through a Kafka client.
+    Stronger than an open port: the listener opens before the broker has registered with its
+    controller, and clients fail until it has. With ``tls`` (a SASL_SSL listener) the probe stops at
+    the TLS handshake: metadata needs a login, which the secured start does next through a Kafka client.
     """
+    if tls is not None:
+        try:
+            with contextlib.ExitStack() as stack:
+                sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout_s))
+                stack.enter_context(tls.wrap_socket(sock, server_hostname=host))
+                return True
+        except OSError:
+            return False
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": f"{host}:{port}", "client.id": "embedstream-devkafka",  # no log lines:
+                         "log_level": 0, "logger": logging.getLogger("embedstream.librdkafka")})  # refusals at start
     try:
-        with contextlib.ExitStack() as stack:
-            sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout_s))
-            if tls is not None:
-                sock = stack.enter_context(tls.wrap_socket(sock, server_hostname=host))
-            sock.settimeout(timeout_s)
-            apis = _api_versions(sock)
-            if tls is not None:
-                return bool(apis)
-            lo, hi = apis.get(3, (0, -1))
-            versions = [v for v in range(1, 9) if lo <= v <= hi]
-            if not versions:
-                return False
-            return _metadata_broker_count(sock, max(versions)) >= max(1, brokers)
-    except (OSError, ValueError, struct.error):
+        return len(admin.list_topics(timeout=timeout_s).brokers) >= max(1, brokers)
+    except KafkaException:
         return False
 
 

@@ -29,7 +29,7 @@ from embedstream.config import KafkaSettings
 from embedstream.devkafka.errors import DevKafkaError
 from embedstream.devkafka.layout import Layout, write_text
 from embedstream.devkafka.tls import ensure_certificates
-from embedstream.kafka_auth import KafkaAccessError, check_kafka_access
+from embedstream.kafka_access import KafkaAccessError, check_kafka_access
 
 PLAINTEXT = "plaintext"
 SASL_SSL = "sasl_ssl"
@@ -174,55 +174,41 @@ def provision(
 
     Returns once every user can authenticate, so a test that starts the broker can connect at once.
     """
-    from kafka.admin import (  # kafka-python only here: the plain broker starts without it
-        ACL,
-        ACLOperation,
-        ACLPermissionType,
-        ACLResourcePatternType,
-        KafkaAdminClient,
-        ResourcePattern,
-        ResourceType,
-        UserScramCredentialUpsertion,
-    )
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
+                                       ResourceType, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
 
+    resource_types = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP, "cluster": ResourceType.BROKER,
+                      "transactional_id": ResourceType.TRANSACTIONAL_ID}
     if ADMIN_USER in users:
         raise DevKafkaError(f"{ADMIN_USER!r} is the broker's own super user; pick another user name")
     for grant in grants:
         if grant.user not in users:
             raise DevKafkaError(f"ACL grant for unknown user {grant.user!r}; add it to users")
-        unknown = [op for op in grant.operations if op.upper() not in ACLOperation.__members__]
-        if unknown or grant.resource.upper() not in ResourceType.__members__:
+        unknown = [op for op in grant.operations if op.upper() not in AclOperation.__members__]
+        if unknown or grant.resource not in resource_types:
             raise DevKafkaError(f"ACL grant {grant}: unknown resource type or operation(s) {unknown}")
     admin_settings = KafkaSettings(**client_settings(bootstrap, files, ADMIN_USER, files.admin_password))
     _wait_authenticates(admin_settings, timeout_s)
-    admin = KafkaAdminClient(**admin_settings.client_kwargs(), client_id="embedstream-devkafka",
-                             request_timeout_ms=int(timeout_s * 1000))
-    try:
-        if users:
-            upserts = [UserScramCredentialUpsertion(user, SCRAM_MECHANISM, password)
-                       for user, password in users.items()]
-            failed = {u: e for u, e in admin.alter_user_scram_credentials(upserts).items() if e}
-            if failed:
-                raise DevKafkaError(f"creating SCRAM users failed: {failed}")
-        acls = [
-            ACL(
-                principal=f"User:{grant.user}", host="*",
-                operation=ACLOperation[op.upper()], permission_type=ACLPermissionType.ALLOW,
-                resource_pattern=ResourcePattern(
-                    ResourceType[grant.resource.upper()],
-                    "kafka-cluster" if grant.resource == "cluster" else grant.name,
-                    ACLResourcePatternType.PREFIXED if grant.prefixed else ACLResourcePatternType.LITERAL,
-                ),
-            )
-            for grant in grants
-            for op in grant.operations
-        ]
-        if acls:
-            result = admin.create_acls(acls)
-            if result["failed"]:
-                raise DevKafkaError(f"granting ACLs failed: {result['failed']}")
-    finally:
-        admin.close()
+    admin = AdminClient(admin_settings.librdkafka_config(**{"client.id": "embedstream-devkafka"}))
+    mechanism = ScramMechanism[SCRAM_MECHANISM.replace("-", "_")]
+    upserts = [UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 4096), password.encode())
+               for user, password in users.items()]
+    acls = [AclBinding(resource_types[grant.resource], "kafka-cluster" if grant.resource == "cluster" else grant.name,
+                       ResourcePatternType.PREFIXED if grant.prefixed else ResourcePatternType.LITERAL,
+                       f"User:{grant.user}", "*", AclOperation[op.upper()], AclPermissionType.ALLOW)
+            for grant in grants for op in grant.operations]
+    for what, futures in (("creating SCRAM users", admin.alter_user_scram_credentials(upserts, request_timeout=timeout_s)
+                           if upserts else {}),
+                          ("granting ACLs", admin.create_acls(acls, request_timeout=timeout_s) if acls else {})):
+        failed = {}
+        for key, future in futures.items():
+            try:
+                future.result(timeout_s)
+            except KafkaException as exc:
+                failed[str(key)] = str(exc.args[0])
+        if failed:
+            raise DevKafkaError(f"{what} failed: {failed}")
     for user, password in users.items():
         settings = KafkaSettings(**client_settings(bootstrap, files, user, password))
         _wait_authenticates(settings, timeout_s)

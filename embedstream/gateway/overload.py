@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from kafka import KafkaConsumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
@@ -26,23 +26,22 @@ class LaneLag:
     group: str
     topics: list[str]
     records: int = 0
-    _consumer: KafkaConsumer | None = field(default=None, repr=False)
+    _consumer: Consumer | None = field(default=None, repr=False)
 
     def measure(self, settings: KafkaSettings) -> int:
-        if self._consumer is None:
-            self._consumer = KafkaConsumer(**settings.client_kwargs(), group_id=self.group, enable_auto_commit=False,
-                                           client_id="embedstream-gateway-lag")
-        parts = [TopicPartition(t, p) for t in self.topics for p in sorted(self._consumer.partitions_for_topic(t) or ())]
-        if not parts:
-            self.records = 0
-            return 0
-        ends = self._consumer.end_offsets(parts)
-        self.records = sum(max(0, ends[tp] - (self._consumer.committed(tp) or 0)) for tp in parts)
+        if self._consumer is None:  # librdkafka; never subscribes: it only reads the group's committed offsets
+            self._consumer = Consumer(settings.librdkafka_config(**{
+                "group.id": self.group, "enable.auto.commit": False, "client.id": "embedstream-gateway-lag"}))
+        listed = self._consumer.list_topics(timeout=10).topics
+        parts = [TopicPartition(t, p) for t in self.topics if t in listed for p in sorted(listed[t].partitions)]
+        committed = self._consumer.committed(parts, timeout=10) if parts else []
+        self.records = sum(max(0, self._consumer.get_watermark_offsets(tp, timeout=10)[1] - max(tp.offset, 0))
+                           for tp in committed)
         return self.records
 
     def close(self) -> None:
         if self._consumer is not None:
-            self._consumer.close(autocommit=False)
+            self._consumer.close()
 
 
 class LagMonitor:

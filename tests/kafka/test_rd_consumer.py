@@ -29,7 +29,8 @@ pytestmark = [
 def _produce(settings, topic: str, count: int, partitions: int = 1) -> None:
     producer = KafkaProducer(**settings.kafka.client_kwargs(), linger_ms=0)
     for i in range(count):
-        producer.send(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % partitions)
+        producer.send(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % partitions,
+                      headers=[("n", str(i).encode())] if i % 2 else None)
     producer.flush()
     producer.close()
 
@@ -57,6 +58,7 @@ def test_pause_and_resume_lose_and_repeat_nothing(kafka_bootstrap):
         while len(seen) < 120 and time.monotonic() < deadline:
             records = lane.poll(100)
             seen += [(r.offset, r.value) for r in records]
+            assert all(r.headers == ([("n", str(r.offset).encode())] if r.offset % 2 else []) for r in records)
             if records:  # a full queue after each batch: paused, polled (nothing comes), resumed
                 held = lane.hold()
                 assert held and all(not lane.poll(20) for _ in range(3))

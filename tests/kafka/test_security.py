@@ -23,7 +23,7 @@ from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from embedstream import devkafka, logs
 from embedstream.config import KafkaSettings
 from embedstream.devkafka.security import AclGrant
-from embedstream.kafka_auth import KafkaAccessError, check_kafka_access
+from embedstream.kafka_access import KafkaAccessError, check_kafka_access
 from embedstream.producers.publisher import ChunkPublisher
 from embedstream.producers.query_client import QueryClient
 from embedstream.producers.topics import ensure_topics

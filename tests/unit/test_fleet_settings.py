@@ -89,24 +89,22 @@ def test_rebalance_protocol_reaches_both_clients():
 
 
 def test_the_consumer_protocol_needs_a_broker_that_serves_it():
-    """KIP-848 is the default; a broker without ConsumerGroupHeartbeat (Kafka 3, or the protocol turned off) gets
-    cooperative-sticky lanes instead of members that never join. Other choices are left as they are."""
-    from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT
+    """KIP-848 is the default; a broker whose coordinator does not serve it (Kafka 3, or the protocol turned off) gets
+    cooperative-sticky lanes instead of members that never join; not readable (no DescribeConfigs right): kept.
+    Other choices are left as they are."""
     from embedstream.workers.transport.kafka_io import with_served_group_protocol
 
     kafka = KafkaSettings()
     assert kafka.group_protocol == "consumer"
-    assert with_served_group_protocol(kafka, frozenset({18, 3, CONSUMER_GROUP_HEARTBEAT})) is kafka
-    assert with_served_group_protocol(kafka, frozenset({18, 3})).group_protocol == "cooperative-sticky"
+    assert with_served_group_protocol(kafka, frozenset({"classic", "consumer"})) is kafka
+    assert with_served_group_protocol(kafka, None) is kafka
+    assert with_served_group_protocol(kafka, frozenset({"classic"})).group_protocol == "cooperative-sticky"
     eager = KafkaSettings(group_protocol="eager")
-    assert with_served_group_protocol(eager, frozenset({18})) is eager
+    assert with_served_group_protocol(eager, frozenset({"classic"})) is eager
 
 
-def test_the_api_keys_of_an_api_versions_answer():
-    import struct
-
-    from embedstream.kafka_auth import _api_keys
-
-    body = struct.pack(">hi", 0, 3) + struct.pack(">hhh", 18, 0, 4) + struct.pack(">hhh", 3, 0, 13) \
-        + struct.pack(">hhh", 68, 0, 1)
-    assert _api_keys(body) == {18, 3, 68}
+def test_every_lane_defaults_to_librdkafka_on_the_consumer_protocol():
+    """Issue #41: online, bulk and CDC lanes on librdkafka with KIP-848; kafka-python only when chosen."""
+    kafka = KafkaSettings()
+    assert (kafka.online_client, kafka.bulk_client, kafka.group_protocol) == ("librdkafka", "librdkafka", "consumer")
+    assert KafkaSettings(bulk_client="kafka-python").bulk_client == "kafka-python"  # still a choice

@@ -13,7 +13,7 @@ from embedstream import devkafka
 from embedstream.config import KafkaSettings
 from embedstream.devkafka.layout import layout_for
 from embedstream.devkafka.security import AclGrant, SecureFiles, check_mode, prepare, provision, server_overrides
-from embedstream.kafka_auth import KafkaAccessError, check_kafka_access
+from embedstream.kafka_access import KafkaAccessError, check_kafka_access
 from embedstream.masked import MaskedSecret
 
 PASSWORD = "s3cret-value-for-unit-test"

@@ -9,7 +9,7 @@ from worker_rig import free_port
 
 from embedstream.cli import app
 from embedstream.config import KafkaSettings
-from embedstream.kafka_auth import KafkaAccessError
+from embedstream.kafka_access import KafkaAccessError
 from embedstream.producers.query_client import QueryClient
 
 

@@ -1,7 +1,8 @@
 """Kafka client helpers shared by every worker: client construction, subscribing, committing, probing.
 
 No loop and no policy here: the lane (``workers/transport/lane.py``) and the loop (``workers/loop.py``) use
-these; they hold what kafka-python needs said the same way in every worker.
+these. The lanes' consumer is librdkafka's (``rd_consumer.py``, which speaks the part of kafka-python's API a
+lane uses); ``new_consumer`` builds the kafka-python one, a lane's client by choice (``KafkaSettings.*_client``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from kafka.structs import OffsetAndMetadata
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.kafka_auth import CONSUMER_GROUP_HEARTBEAT
 from embedstream.workers.transport.offsets import OffsetTracker
 
 log = logs.get("embedstream.worker")
@@ -88,14 +88,14 @@ def librdkafka_rebalancing(kafka: KafkaSettings) -> dict:
     return config
 
 
-def with_served_group_protocol(kafka: KafkaSettings, apis: frozenset[int]) -> KafkaSettings:
-    """The settings with a group protocol the broker serves: ``consumer`` (KIP-848) needs a broker that lists
-    ConsumerGroupHeartbeat (Kafka 4 with the protocol enabled); on another one (Kafka 3, or the protocol turned
-    off) the lanes use ``cooperative-sticky``, said once, instead of failing to join."""
-    if kafka.group_protocol != "consumer" or CONSUMER_GROUP_HEARTBEAT in apis:
+def with_served_group_protocol(kafka: KafkaSettings, served: frozenset[str] | None) -> KafkaSettings:
+    """The settings with a group protocol the broker serves (``served``: its coordinator's protocols, None when
+    not readable): ``consumer`` (KIP-848) needs a broker that lists it (Kafka 4 has it on); on another one
+    (Kafka 3, or the protocol turned off) the lanes use ``cooperative-sticky``, said once, instead of failing to join."""
+    if kafka.group_protocol != "consumer" or served is None or "consumer" in served:
         return kafka
     log.warning("the broker does not serve the consumer group protocol (KIP-848): lanes use cooperative-sticky",
-                bootstrap=kafka.bootstrap_servers)
+                bootstrap=kafka.bootstrap_servers, served=sorted(served))
     return kafka.model_copy(update={"group_protocol": "cooperative-sticky"})
 
 
@@ -121,6 +121,37 @@ def set_group_session_timeout(kafka: KafkaSettings, group: str) -> None:
     except Exception as exc:  # noqa: BLE001 - the broker's default session timeout applies
         log.warning("group session timeout not set; the broker's default applies", group=group,
                     session_timeout_ms=kafka.session_timeout_ms, error=str(exc)[:300])
+
+
+def release_static_member(kafka: KafkaSettings, group: str, instance_id: str) -> None:
+    """Consumer protocol: remove the member that holds ``instance_id`` in ``group``, so that a replacement can join.
+
+    A KIP-848 coordinator keeps a static member that died without leaving (kill -9, a lost node) until its
+    session expires, and refuses its replacement meanwhile: librdkafka calls the UNRELEASED_INSTANCE_ID it
+    answers fatal (measured: Kafka 4.2, session 45 s; the replacement failed at its first heartbeat). The
+    classic protocol's replacement fences the old member instead; removing it by its instance id (a
+    LeaveGroup, as ``kafka-consumer-groups --delete-members`` does) gives KIP-848 the same. Only after that
+    refusal (``RdConsumer``): a member that left cleanly keeps its partitions for its return, no rebalance.
+    kafka-python's admin client: librdkafka has no such call. A live member with the same id is fenced, as
+    under the classic protocol: one id per process."""
+    if kafka.group_protocol != "consumer":
+        return
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin._groups import MemberToRemove
+
+    try:
+        admin = KafkaAdminClient(**kafka.client_kwargs(), client_id="embedstream-static-member")
+    except Exception as exc:  # noqa: BLE001 - the join is tried anyway
+        log.warning("static member not released", group=group, instance_id=instance_id, error=str(exc)[:300])
+        return
+    try:
+        removed = admin.remove_group_members(group, [MemberToRemove(group_instance_id=instance_id)])
+        log.info("the member holding this static id removed", group=group, instance_id=instance_id,
+                 result={k: getattr(v, "__name__", str(v)) for k, v in removed.items()})
+    except Exception as exc:  # noqa: BLE001 - no such member (a first start), a new group: nothing to release
+        log.debug("no member holding this static id removed", group=group, instance_id=instance_id, error=str(exc)[:300])
+    finally:
+        admin.close()
 
 
 def group_members(admin, group: str, timeout_s: float = 10.0) -> int:
@@ -195,16 +226,12 @@ def commit_finished(consumer, tracker: OffsetTracker, *, wait: bool = True, revo
 
 
 def missing_topics(kafka: KafkaSettings, topics: list[str]) -> list[str]:
-    """The topics the broker does not list (yet), asked by a throwaway client.
+    """The topics the broker does not list (yet), asked by a throwaway librdkafka admin client (not the lane's
+    consumer: its metadata is its own business)."""
+    from confluent_kafka.admin import AdminClient
 
-    Not the lane's own consumer: metadata it loads before subscribing makes its first metadata
-    refresh force a second rebalance right after the first join, and with it the lane stalled in
-    sequences of broker tests (kafka-python 3.0.12)."""
-    probe = KafkaConsumer(**kafka.client_kwargs(), client_id="embedstream-topic-probe")
-    try:
-        return [topic for topic in topics if not probe.partitions_for_topic(topic)]
-    finally:
-        probe.close()
+    listed = AdminClient(kafka.librdkafka_config(**{"client.id": "embedstream-topic-probe"})).list_topics(timeout=10)
+    return [topic for topic in topics if not listed.topics.get(topic) or listed.topics[topic].error is not None]
 
 
 def group_joined(consumer) -> bool:
@@ -217,21 +244,14 @@ def group_joined(consumer) -> bool:
         return bool(consumer.assignment())
 
 
-def coordinator_unknown(consumer) -> bool:
-    """True while the consumer knows no live coordinator for its group (False when it cannot tell)."""
-    try:
-        return consumer._coordinator.coordinator_unknown()
-    except AttributeError:
-        return False
-
-
 def subscribe(consumer, topics: list[str], listener) -> None:
-    """Subscribe (to topics that exist: ``Lane.follow_topics``), then load the topics' metadata before the first join.
+    """Subscribe (to topics that exist: ``Lane.follow_topics``); a kafka-python consumer then loads the topics'
+    metadata before the first join.
 
     Joined without it, the group starts with no partitions and kafka-python 3.0.12 can then stall
     in its next fetch for good. Loaded before subscribing, the group's metadata snapshot misses it
     and the first refresh forces a second rebalance; so: after subscribe, before the first poll.
     """
     consumer.subscribe(topics, listener=listener)
-    for topic in topics:
+    for topic in topics if isinstance(consumer, KafkaConsumer) else ():
         consumer.partitions_for_topic(topic)

@@ -25,8 +25,8 @@ from embedstream.config import KafkaSettings
 from embedstream.producers.topics import TopicsError, ensure_topics, is_project_topic
 from embedstream.schemas import ErrorInfo
 from embedstream.vectorstore.faults import store_fault
-from embedstream.workers.transport.kafka_io import (broker_listening, broker_reachable, commit_finished, coordinator_unknown,
-                                          group_joined, missing_topics, new_consumer, subscribe)
+from embedstream.workers.transport.kafka_io import (broker_reachable, commit_finished, group_joined, missing_topics,
+                                                    new_consumer, subscribe)
 from embedstream.workers.transport.offsets import OffsetTracker
 from embedstream.workers.transport.outbox import Outbox
 from embedstream.workers.transport.rd_consumer import RdConsumer
@@ -98,8 +98,8 @@ class Lane:
 
     def __init__(self, name: str, kafka: KafkaSettings, topics: list[str], group: str, outbox: Outbox, *,
                  worker_id: str, max_poll_records: int, full: Callable[[WorkQueue], bool] = lambda _q: False,
-                 flush_timeout_s: float = 30.0, join_timeout_s: float = 30.0, queue: WorkQueue | None = None,
-                 on_revoke: Callable[[set], None] | None = None, librdkafka: bool = False, **consumer_extra):
+                 flush_timeout_s: float = 30.0, queue: WorkQueue | None = None,
+                 on_revoke: Callable[[set], None] | None = None, librdkafka: bool = True, **consumer_extra):
         self.name = name
         self.topics = topics
         self.outbox = outbox
@@ -109,19 +109,13 @@ class Lane:
         self.paused = False
         self._full = full
         self.flush_timeout_s = flush_timeout_s
-        self.join_timeout_s = join_timeout_s
         self.kafka = kafka
-        self.bootstrap_servers = kafka.bootstrap_servers
-        make = RdConsumer if librdkafka else new_consumer  # librdkafka: the online lanes (latency)
-        self._new_consumer = lambda: make(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records,
-                                          **consumer_extra)
-        self.consumer = self._new_consumer()
+        make = RdConsumer if librdkafka else new_consumer  # kafka-python: a choice (``KafkaSettings.*_client``)
+        self.consumer = make(kafka, group, f"embedstream-{name}-{worker_id}", max_poll_records, **consumer_extra)
         self.subscribed_at: float | None = None  # set on the first subscription (to the topics that exist)
         self.subscribed: list[str] = []  # the topics subscribed to: those of ``topics`` that exist
         self.missing: list[str] = list(topics)  # the lane's topics the broker does not have (yet): /readyz says them
         self._may_create = kafka.create_topics  # false once the broker refused a creation
-        self._lost_since: float | None = None
-        self.rebuilds = 0  # consumers replaced by the join watchdog
         self.last_lag = 0
         self.rewind: dict[tuple[str, int], int] = {}  # revoked partitions' first unfinished offsets
         self._next_topic_check = 0.0
@@ -132,13 +126,11 @@ class Lane:
         """Fetch records (none while the queue is full: the partitions are paused); each is tracked.
 
         The lane serves the topics that exist and picks up the others when they appear (``follow_topics``);
-        a lane none of whose topics exist yet polls nothing. A lane whose coordinator stays unknown for
-        ``join_timeout_s`` gets a new consumer (the join watchdog)."""
+        a lane none of whose topics exist yet polls nothing."""
         self.follow_topics()
         if not self.subscribed:
             time.sleep(max(timeout_ms, 50) / 1000)
             return []
-        self._watch_join()
         self.apply_backpressure()
         batches = self.consumer.poll(timeout_ms=timeout_ms)
         return [record for records in batches.values() for record in records]
@@ -151,10 +143,8 @@ class Lane:
         ``kafka.create_topics`` is off or the broker refuses (an ACL, a policy: said once, then waited
         for); a foreign topic (a Debezium source) is only waited for. Subscribing to the existing ones
         first and re-subscribing as others appear, rather than waiting for all: an online lane whose
-        chunk topic nobody made never served the queries on the topic it had (issue #29). kafka-python
-        3.0.12 could hang in its coordinator lookup when a subscribed topic appeared while the group was
-        joining; here a topic joins the subscription only once it exists, and the join watchdog covers
-        the rest."""
+        chunk topic nobody made never served the queries on the topic it had (issue #29). A topic joins
+        the subscription only once it exists."""
         if not self.missing:
             return
         now = time.monotonic()
@@ -167,7 +157,7 @@ class Lane:
             try:
                 ensure_topics(self.kafka, topics=creatable, wait_for_brokers_s=0)  # no wait: serve, look again
                 missing = missing_topics(self.kafka, self.topics)
-            except (KafkaError, TopicsError) as exc:  # no CREATE right, a policy, too few brokers: wait
+            except TopicsError as exc:  # no CREATE right, a policy, too few brokers: wait
                 self._may_create = exc.retriable  # a timeout: try again at the next check
                 log.warning("cannot create topics; waiting for them", lane=self.name, topics=creatable,
                             error=f"{type(exc).__name__}: {str(exc)[:300]}", retrying=exc.retriable)
@@ -184,44 +174,6 @@ class Lane:
             log.warning("serving the topics that exist; waiting for the others", lane=self.name,
                         serving=present, missing=missing)
             self._next_wait_log = now + 30.0
-
-    def _watch_join(self) -> None:
-        """A lane whose group coordinator was lost and that has not been a stable member since, for
-        ``join_timeout_s`` while a broker listens: new consumer.
-
-        kafka-python 3.0.12 can livelock there (each poll looks the coordinator up, finds its connection
-        down and in reconnect backoff, drops it, looks again; its own connections then read as down, so
-        the probe is a plain TCP connect): seen at start-up with late topics, and on a loaded host after a
-        join, the member evicted and the lane idle for good. A rebalance is not this state."""
-        unknown = coordinator_unknown(self.consumer)
-        if not unknown and (self._lost_since is None or group_joined(self.consumer)):
-            self._lost_since = None  # never lost, or a stable member again: the episode is over
-            return
-        # Lost once, the episode lasts until the member is stable again: a coordinator found and dropped at
-        # every lookup (NOT_COORDINATOR after the coordinator moved, on a loaded host) reads as known between
-        # two polls now and then, and must not restart the count (a fleet test's members stayed so for 5 min).
-        now = time.monotonic()
-        if self._lost_since is None:
-            self._lost_since = now
-        if now - self._lost_since < self.join_timeout_s:
-            return
-        if not broker_listening(self.bootstrap_servers):  # an outage, not a stuck client: look again later
-            self._lost_since = now
-            return
-        log.warning("group coordinator lost, no stable membership since; rebuilding the consumer", lane=self.name,
-                    waited_s=round(now - self._lost_since))
-        self.drop({(tp.topic, tp.partition) for tp in self.consumer.assignment()})
-        try:
-            self.consumer.close(autocommit=False)
-        except Exception as exc:  # noqa: BLE001 - the old consumer is abandoned either way
-            log.warning("closing the stuck consumer failed", lane=self.name, error=str(exc)[:300])
-        self.consumer = self._new_consumer()
-        self.rewind.clear()  # the new consumer starts from the committed offsets
-        self.subscribed_at = self._lost_since = None
-        self.subscribed, self.missing = [], list(self.topics)
-        self._next_topic_check = 0.0
-        self.paused = False
-        self.rebuilds += 1
 
     def joined(self) -> bool:
         """Subscribed and a stable member of its group (it may hold no partition: more members than partitions)."""

@@ -14,12 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException
+from confluent_kafka import KafkaError as RdError
 from confluent_kafka import TopicPartition as RdPartition
 from kafka import TopicPartition
 
 from embedstream import logs
 from embedstream.config import KafkaSettings
-from embedstream.workers.transport.kafka_io import broker_listening, incremental, librdkafka_rebalancing, set_group_session_timeout
+from embedstream.workers.transport.kafka_io import (broker_listening, incremental, librdkafka_rebalancing,
+                                                    release_static_member, set_group_session_timeout)
 
 log = logs.get("embedstream.worker")
 
@@ -34,12 +36,18 @@ class RdRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int
+    headers: list[tuple[str, bytes]]  # [] when none (Debezium's say where a moved row came from)
 
 
 class RdConsumer:
     """``KafkaConsumer``'s poll / pause / resume / seek / commit / assignment over librdkafka's consumer."""
 
-    def __init__(self, kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int, **_unused):
+    def __init__(self, kafka: KafkaSettings, group: str, client_id: str, max_poll_records: int,
+                 session_timeout_ms: int | None = None, group_instance_id: str | None = None):
+        """``session_timeout_ms`` and ``group_instance_id``: this lane's own (the CDC bridge's), else the settings'."""
+        if session_timeout_ms:
+            kafka = kafka.model_copy(update={"session_timeout_ms": session_timeout_ms})
+        instance_id = group_instance_id or kafka.instance_id()
         config = kafka.librdkafka_config(**{
             "group.id": group, "client.id": client_id,
             "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
@@ -49,10 +57,13 @@ class RdConsumer:
             "error_cb": self._on_error, "on_commit": self._on_commit,
             **librdkafka_rebalancing(kafka),
         })
-        if kafka.instance_id():
-            config["group.instance.id"] = kafka.instance_id()
+        if instance_id:
+            config["group.instance.id"] = instance_id
         set_group_session_timeout(kafka, group)
         self._consumer = Consumer(config)
+        self._config, self._kafka, self._group, self._instance_id = config, kafka, group, instance_id
+        self._took_over = False  # the static member id was taken from a member that never left (once per consumer)
+        self._topics: list[str] = []
         self._incremental = incremental(kafka)  # cooperative or consumer protocol: callbacks carry what moves
         self.bootstrap_servers = kafka.bootstrap_servers
         self.max_poll_records = max_poll_records
@@ -75,23 +86,43 @@ class RdConsumer:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.fatal():
-                    raise KafkaException(error)
+                if error.fatal() or error.code() == RdError._FATAL:  # the client is unusable
+                    if self._take_over(error):
+                        return {}
+                    raise KafkaException(error)  # the lane ends, the worker with it
                 log.warning("consumer error", error=error.str()[:300])
                 continue
             # librdkafka drops what it fetched before a pause or revocation (a version barrier): all of this is current
             tp = TopicPartition(message.topic(), message.partition())
             batches.setdefault(tp, []).append(RdRecord(tp.topic, tp.partition, message.offset(), message.key(),
-                                                       message.value(), message.timestamp()[1]))
+                                                       message.value(), message.timestamp()[1], message.headers() or []))
         return batches
 
     def subscribe(self, topics: list[str], listener=None) -> None:
-        self._listener = listener
+        self._listener, self._topics = listener, list(topics)
         self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
 
-    def partitions_for_topic(self, topic: str) -> set[int] | None:
-        found = self._consumer.list_topics(topic, timeout=10.0).topics.get(topic)
-        return set(found.partitions) if found is not None and found.error is None else None
+    def _take_over(self, error) -> bool:
+        """Refused its static member id (UNRELEASED_INSTANCE_ID: a member that died without leaving still holds it):
+        remove that member, join again with a new client. Once; a second refusal is raised (``release_static_member``)."""
+        text = error.str()
+        if self._took_over or not self._instance_id or not ("instance ID is still used" in text
+                                                              or "UNRELEASED_INSTANCE_ID" in text):
+            return False
+        self._took_over = True
+        log.warning("static member id held by a member that did not leave; removing it and joining again",
+                    group=self._group, instance_id=self._instance_id)
+        try:
+            self._consumer.close()
+        except KafkaException:  # the refused client: nothing of it is needed
+            pass
+        release_static_member(self._kafka, self._group, self._instance_id)
+        self._consumer = Consumer(self._config)
+        self._assigned, self._paused, self._seeks, self.joined = set(), set(), {}, False
+        if self._topics:
+            self._consumer.subscribe(self._topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_lost)
+        return True
 
     # -- rebalances (inside poll, on the lane's thread) ------------------------------------------
     def _on_assign(self, consumer, partitions: list[RdPartition]) -> None:
