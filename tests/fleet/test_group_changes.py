@@ -10,9 +10,9 @@ import threading
 
 import pytest
 import ports
-from conftest import isolated_settings, memory_store, wait_for
+from conftest import memory_store, wait_for
 from fault_rig import (_assert_exactly, _chunk_events, _chunks_handled, _committed_to_the_end, _GroupProgress, _publish,
-                       _spawn_worker, _SteadyProducer)
+                       _spawn_worker, _SteadyProducer, counting_settings)
 from worker_rig import RunningWorker
 
 from embedstream.producers.topics import ensure_topics
@@ -39,7 +39,7 @@ def _with_kafka(settings, **changes):
 
 def _fed_backlog(cluster, name: str, partitions: int, count: int, first: int, rate_per_s: float):
     """``first`` of ``count`` chunks published now, a steady producer ready to send the rest; a memory store."""
-    settings = isolated_settings(cluster.bootstrap, name)
+    settings = counting_settings(cluster.bootstrap, name)
     ensure_topics(settings.kafka, partitions=partitions)
     topic = settings.kafka.topic_chunks_bulk
     events = _chunk_events(count, name[-1].upper())
@@ -52,7 +52,7 @@ def _fed_backlog(cluster, name: str, partitions: int, count: int, first: int, ra
 def test_bulk_lane_one_to_three_to_one_workers_mid_backlog(cluster, minilm_engine):
     from embedstream.engine.engine import Engine
 
-    settings = isolated_settings(cluster.bootstrap, "g131")
+    settings = counting_settings(cluster.bootstrap, "g131")
     ensure_topics(settings.kafka, partitions=6)
     topic, collection = settings.kafka.topic_chunks_bulk, settings.qdrant.collection
     events = _chunk_events(720, "S")
@@ -84,7 +84,7 @@ def test_bulk_lane_one_to_three_to_one_workers_mid_backlog(cluster, minilm_engin
 def test_a_member_killed_9_its_partitions_move_and_nothing_is_lost(cluster, tmp_path):
     from embedstream.vectorstore.edge_store import EdgeStore
 
-    settings = isolated_settings(cluster.bootstrap, "gkill")
+    settings = counting_settings(cluster.bootstrap, "gkill")
     ensure_topics(settings.kafka, partitions=4)
     topic, group, collection = settings.kafka.topic_chunks_bulk, settings.kafka.group_bulk, settings.qdrant.collection
     events = _chunk_events(900, "K")
