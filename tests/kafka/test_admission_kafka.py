@@ -36,23 +36,31 @@ def _query(client: QueryClient, text: str, deadline_ms: int | None) -> QueryRequ
                         sent_at_ms=now_ms())
 
 
-def test_twice_the_sustainable_rate_sheds_the_excess_before_compute(kafka_bootstrap, minilm_engine):
+def test_three_times_the_sustainable_rate_sheds_the_excess_before_compute(kafka_bootstrap, minilm_engine):
     settings = isolated_settings(kafka_bootstrap, "admit")
     settings.worker.warm_up_tokens = 0
     ensure_topics(settings.kafka, partitions=1)
     engine = CountingEngine(minilm_engine)
     text = "how do I read a file line by line in python without loading all of it"
     with QueryClient(settings.kafka) as client, RunningWorker(settings, engine, memory_store(), lanes=("online",)) as worker:
-        for _ in range(20):  # warm: the controller learns the pass time, and so does this test
-            assert client.embed(text, timeout_s=30).error is None
         sample = worker.metrics.registry.get_sample_value
         labels = {"stage": "forward", "lane": "online"}
-        service_s = sample("embedstream_stage_duration_seconds_sum", labels) / sample(
-            "embedstream_stage_duration_seconds_count", labels)
+
+        def forward_s() -> tuple[float, float]:
+            return (sample("embedstream_stage_duration_seconds_sum", labels) or 0.0,
+                    sample("embedstream_stage_duration_seconds_count", labels) or 0.0)
+
+        for _ in range(10):  # warm: the controller learns the pass time
+            assert client.embed(text, timeout_s=30).error is None
+        warm_sum, warm_count = forward_s()
+        for _ in range(10):  # ... and this test, from warm passes only (the first ones ran 2-5x slower: none shed)
+            assert client.embed(text, timeout_s=30).error is None
+        total_sum, total_count = forward_s()
+        service_s = (total_sum - warm_sum) / (total_count - warm_count)
         budget_ms = max(40, int(8 * service_s * 1000))
         deadlines: dict[str, int] = {}
         futures = []
-        gap_s = service_s / 2  # twice the rate the worker computes one query at a time
+        gap_s = service_s / 3  # three times the rate the worker computes one query at a time
         end = time.perf_counter() + 3.0
         while time.perf_counter() < end and len(futures) < 1500:
             request = _query(client, text, now_ms() + budget_ms)
