@@ -99,45 +99,61 @@ class Outcome:
     detail: str = ""
 
 
-class QueryLoad:
-    """Queries sent at a steady rate from a thread (open loop: a slow reply does not hold back the next
-    request); each one's outcome recorded when its future settles."""
+class _OpenLoop:
+    """Requests at a steady rate from a thread (open loop: a slow answer does not hold back the next request), each
+    with its ``Outcome``; a subclass sends one (``_send``) and records how it settled."""
 
-    def __init__(self, client, rate_per_s: float, timeout_s: float = 5.0, texts: list[str] | None = None):
-        self.client, self.interval, self.timeout_s = client, 1.0 / rate_per_s, timeout_s
+    def __init__(self, rate_per_s: float, timeout_s: float, texts: list[str] | None, name: str):
+        self.interval, self.timeout_s = 1.0 / rate_per_s, timeout_s
         self.texts = texts or [f"how do I open file number {i} for reading" for i in range(50)]
         self.outcomes: list[Outcome] = []
-        self._futures: list[Future] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fleet-query-load", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> QueryLoad:
+    def start(self):
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        from embedstream.schemas.events import QueryReply, QueryRequest, now_ms
-
-        next_at = time.monotonic()
-        i = 0
+        next_at, i = time.monotonic(), 0
         while not self._stop.is_set():
-            sent = now_ms()
-            request = QueryRequest(request_id=uuid.uuid4().hex, text=self.texts[i % len(self.texts)],
-                                   reply_to=self.client.reply_topic, deadline_ms=sent + int(self.timeout_s * 1000),
-                                   sent_at_ms=sent)
             outcome = Outcome(time.monotonic())
             self.outcomes.append(outcome)
-            try:
-                future = self.client.submit(self.client.settings.topic_queries, request, QueryReply,
-                                            timeout_s=self.timeout_s)
-            except Exception as exc:  # noqa: BLE001 - refused at once: a clear error
-                outcome.kind, outcome.detail = "send_failed", str(exc)[:200]
-            else:
-                future.add_done_callback(lambda f, o=outcome: self._settled(f, o))
-                self._futures.append(future)
+            self._send(self.texts[i % len(self.texts)], outcome)
             i += 1
             next_at += self.interval
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def _send(self, text: str, outcome: Outcome) -> None:
+        raise NotImplementedError
+
+    def _stop_sending(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+class QueryLoad(_OpenLoop):
+    """Queries through a ``QueryClient`` at a steady rate; each one's outcome recorded when its future settles."""
+
+    def __init__(self, client, rate_per_s: float, timeout_s: float = 5.0, texts: list[str] | None = None):
+        super().__init__(rate_per_s, timeout_s, texts, "fleet-query-load")
+        self.client = client
+        self._futures: list[Future] = []
+
+    def _send(self, text: str, outcome: Outcome) -> None:
+        from embedstream.schemas.events import QueryReply, QueryRequest, now_ms
+
+        sent = now_ms()
+        request = QueryRequest(request_id=uuid.uuid4().hex, text=text, reply_to=self.client.reply_topic,
+                               deadline_ms=sent + int(self.timeout_s * 1000), sent_at_ms=sent)
+        try:
+            future = self.client.submit(self.client.settings.topic_queries, request, QueryReply,
+                                        timeout_s=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - refused at once: a clear error
+            outcome.kind, outcome.detail = "send_failed", str(exc)[:200]
+        else:
+            future.add_done_callback(lambda f, o=outcome: self._settled(f, o))
+            self._futures.append(future)
 
     @staticmethod
     def _settled(future: Future, outcome: Outcome) -> None:
@@ -159,15 +175,14 @@ class QueryLoad:
 
     def stop(self, settle_s: float | None = None) -> list[Outcome]:
         """Stop sending; wait until every request sent has settled (its timeout, plus a grace)."""
-        self._stop.set()
-        self._thread.join(30)
+        self._stop_sending()
         deadline = time.monotonic() + (self.timeout_s + 10.0 if settle_s is None else settle_s)
         while any(o.kind == "pending" for o in self.outcomes) and time.monotonic() < deadline:
             time.sleep(0.1)
         return list(self.outcomes)
 
 
-class HttpLoad:
+class HttpLoad(_OpenLoop):
     """The same open-loop load through a gateway: ``POST /embed`` (TEI) at ``rate_per_s``, each request on a thread
     of a pool with ``x-request-timeout``; answered (200), refused (a 504 ``deadline_exceeded`` or another status,
     its code), timeout (no answer in ``timeout_s`` + 5 s) or error."""
@@ -175,26 +190,12 @@ class HttpLoad:
     def __init__(self, url: str, rate_per_s: float, timeout_s: float = 5.0, texts: list[str] | None = None):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.url, self.interval, self.timeout_s = url.rstrip("/"), 1.0 / rate_per_s, timeout_s
-        self.texts = texts or [f"how do I open file number {i} for reading" for i in range(50)]
-        self.outcomes: list[Outcome] = []
+        super().__init__(rate_per_s, timeout_s, texts, "fleet-http-load")
+        self.url = url.rstrip("/")
         self._pool = ThreadPoolExecutor(max(8, int(rate_per_s * (timeout_s + 5))), thread_name_prefix="http-load")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fleet-http-load", daemon=True)
 
-    def start(self) -> HttpLoad:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        next_at, i = time.monotonic(), 0
-        while not self._stop.is_set():
-            outcome = Outcome(time.monotonic())
-            self.outcomes.append(outcome)
-            self._pool.submit(self._one, self.texts[i % len(self.texts)], outcome)
-            i += 1
-            next_at += self.interval
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
+    def _send(self, text: str, outcome: Outcome) -> None:
+        self._pool.submit(self._one, text, outcome)
 
     def _one(self, text: str, outcome: Outcome) -> None:
         import json
@@ -222,8 +223,7 @@ class HttpLoad:
             outcome.kind, outcome.detail = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
 
     def stop(self) -> list[Outcome]:
-        self._stop.set()
-        self._thread.join(30)
+        self._stop_sending()
         self._pool.shutdown(wait=True)
         return list(self.outcomes)
 
